@@ -1,0 +1,1 @@
+//! tidegate engine library.

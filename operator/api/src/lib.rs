@@ -1,0 +1,2 @@
+//! tidegate.dev/v1alpha1 API types.
+pub mod duration;
