@@ -1,1 +1,3 @@
-//! tidegate operator library.
+//! tidegate operator: CRD generation, pure planning, controllers and adapters.
+
+pub mod crdgen;
