@@ -1,3 +1,4 @@
 //! tidegate operator: CRD generation, pure planning, controllers and adapters.
 
 pub mod crdgen;
+pub mod plan;

@@ -44,6 +44,10 @@ fn invalid_examples_say_what_the_server_must_answer() {
     for path in files {
         let text = std::fs::read_to_string(&path).expect("read");
         let first = text.lines().next().unwrap_or_default();
-        assert!(first.starts_with("# expect: "), "{}: first line must be '# expect: ...'", path.display());
+        assert!(
+            first.starts_with("# expect: "),
+            "{}: first line must be '# expect: ...'",
+            path.display()
+        );
     }
 }
