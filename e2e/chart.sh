@@ -94,6 +94,11 @@ done
 echo "   ServiceMonitor/PodMonitor/PrometheusRule: no Kubernetes schema and no CRD for them here;"
 echo "   checked structurally above, not against the prometheus-operator CRDs."
 
+echo " examples:"
+"$T" validate --quiet examples/argocd/argocd-cm-health.yaml > "$OUT/argocd-cm-validate.txt" 2>&1 \
+  || { cat "$OUT/argocd-cm-validate.txt"; die "examples/argocd/argocd-cm-health.yaml is not a valid ConfigMap"; }
+ok "examples/argocd/argocd-cm-health.yaml is a valid ConfigMap (the Argo CD Applications are CRD kinds: not checked here)"
+
 say "5. security and RBAC invariants"
 "${CHECK[@]}" invariants "$OUT/default.yaml" cluster
 "${CHECK[@]}" invariants "$OUT/custom.yaml" namespaced
