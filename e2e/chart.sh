@@ -16,7 +16,9 @@
 #      checked structurally instead (selectors hit the rendered Service, ports exist), and the
 #      PrometheusRule's groups go through `promtool check rules`.
 #   5. Security and RBAC invariants of the operator objects.
-#   6. With KUBECONFIG set (or CHART_E2E_APISERVER=1, which starts a private test API server):
+#   6. The Dockerfiles build workspace packages' release binaries, run as non-root, and the
+#      chart's default image is the one docker/Dockerfile.operator builds (not built here).
+#   7. With KUBECONFIG set (or CHART_E2E_APISERVER=1, which starts a private test API server):
 #      the chart's CRDs are applied to that API server, become Established, and the example
 #      pool and tier policy are accepted by it (server-side dry run).
 #
@@ -103,7 +105,20 @@ say "5. security and RBAC invariants"
 "${CHECK[@]}" invariants "$OUT/default.yaml" cluster
 "${CHECK[@]}" invariants "$OUT/custom.yaml" namespaced
 
-say "6. CRDs on a real API server"
+say "6. images (no container engine here: the Dockerfiles are checked, not built)"
+REPO=$(awk '/^image:/{on=1} on && /repository:/{print $2; exit}' "$CHART/values.yaml")
+grep -q -- "-t $REPO:" docker/Dockerfile.operator || die "chart image $REPO is not what docker/Dockerfile.operator builds"
+for f in docker/Dockerfile.operator docker/Dockerfile.engine; do
+  for pkg in $(grep -o -- '-p [a-z0-9-]*' "$f" | awk '{print $2}' | sort -u); do
+    grep -q "^name = \"$pkg\"" operator/Cargo.toml engine/Cargo.toml operator/api/Cargo.toml \
+      || die "$f builds package $pkg, which is not in the workspace"
+    grep -q "target/release/$pkg /out/$pkg" "$f" || die "$f does not take the release binary of $pkg"
+  done
+  grep -q '^USER 65532:65532' "$f" || die "$f: runtime image must run as uid 65532 (non-root)"
+done
+ok "chart image $REPO is built by docker/Dockerfile.operator; both Dockerfiles build workspace packages' release binaries and run as uid 65532"
+
+say "7. CRDs on a real API server"
 STARTED=
 if [ -z "${KUBECONFIG:-}" ] && [ "${CHART_E2E_APISERVER:-}" = 1 ]; then
   export K8S_TESTENV_STATE=$STATE/apiserver
