@@ -8,7 +8,8 @@
 #   1. charts/tidegate/crds/ equals crds/ (both generated from operator/api).
 #   2. values.yaml, and values.yaml + the custom values file, validate against
 #      values.schema.json (the renderer does not read the schema; helm install does).
-#   3. The chart renders with default values and with e2e/fixtures/chart-values-custom.yaml
+#   3. The chart renders (--strict: a reference to a value that does not exist is an error)
+#      with default values and with e2e/fixtures/chart-values-custom.yaml
 #      (NOTES.txt included), and refuses inconsistent values with a clear error.
 #   4. Every rendered object validates against the Kubernetes 1.36 schemas (strict: unknown
 #      fields are errors). The prometheus-operator kinds (ServiceMonitor, PodMonitor,
@@ -56,9 +57,9 @@ ok "bad values refused with $(wc -l < "$OUT/bad-values.err") errors:"
 sed 's/^FAIL: values [^:]*: /     /' "$OUT/bad-values.err"
 
 say "3. render"
-"$T" chart-render tidegate "$CHART" -n tidegate-system --notes > "$OUT/default.txt" \
+"$T" chart-render tidegate "$CHART" -n tidegate-system --strict --notes > "$OUT/default.txt" \
   || die "render with default values failed"
-"$T" chart-render tg "$CHART" -n tidegate-system -f "$CUSTOM" --notes > "$OUT/custom.txt" \
+"$T" chart-render tg "$CHART" -n tidegate-system -f "$CUSTOM" --strict --notes > "$OUT/custom.txt" \
   || die "render with $CUSTOM failed"
 for v in default custom; do
   sed '/^NOTES:$/,$d' "$OUT/$v.txt" > "$OUT/$v.yaml"

@@ -46,7 +46,7 @@ app.kubernetes.io/component: operator
 {{- end -}}
 
 {{- define "tidegate.image" -}}
-{{- $tag := default .Chart.AppVersion .Values.image.tag -}}
+{{- $tag := .Values.image.tag | default .Chart.AppVersion | toString -}}
 {{- if .Values.image.digest -}}
 {{- printf "%s@%s" .Values.image.repository .Values.image.digest -}}
 {{- else -}}
