@@ -13,6 +13,8 @@
 #    rules (all must load and evaluate without error) and parses every expression through
 #    /api/v1/parse_query, so the check also holds for the parser of current Prometheus.
 #
+# 4. Every tidegate_* metric they use is listed in the metrics reference (docs/operations.md).
+#
 # Exits non-zero on any parse failure. Environment: PROMETHEUS, K8S_TESTENV.
 set -euo pipefail
 ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
@@ -107,5 +109,16 @@ else
     ok "a broken expression is refused by Prometheus $VERSION too"
   fi
 fi
+
+say "4. metric names"
+# Every tidegate metric the dashboard and the alerts use is one the docs' metrics reference
+# lists (so a renamed metric cannot leave a dashboard silently empty).
+DOC=docs/operations.md
+USED=$(grep -oh 'tidegate_\(engine\|operator\)_[a-z][a-z0-9_]*' "${DASHBOARDS[@]}" "$RULES" \
+  | sed -E 's/_(bucket|count|sum)$//' | sort -u)
+for m in $USED; do
+  grep -q "\`$m\`" "$DOC" || die "$m is used by the dashboard or alerts but not in the metrics reference of $DOC"
+done
+ok "$(echo "$USED" | wc -l) tidegate metrics used, all in the metrics reference of $DOC"
 
 say "promql: all expressions parse"
