@@ -23,6 +23,7 @@ cd "$ROOT"
 
 RULES=charts/tidegate/alerts/tidegate-alerts.yaml
 DASHBOARDS=(charts/tidegate/dashboards/*.json)
+# shellcheck disable=SC2016 # a literal Grafana variable
 BROKEN='sum by (pool (rate(tidegate_engine_decode_tokens_total[$__rate_interval]))'
 TMP=$(mktemp -d)
 PROM_PID=

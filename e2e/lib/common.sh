@@ -1,3 +1,4 @@
+# shellcheck shell=bash
 # Shared helpers for the e2e shell scripts. Source it; it expects ROOT to be the repo root.
 
 # The k8s-testenv script: $K8S_TESTENV, else ../shared/testenv/k8s-testenv next to the repo.
