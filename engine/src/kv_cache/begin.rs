@@ -11,6 +11,7 @@
 //!   (copy-on-write through `BlockIo::copy_block`); a sole holder's block just loses its hash.
 
 use super::block_pool::BlockId;
+use super::io_ops;
 use super::manager::{IdleKv, IdleSession, KvCacheManager, SeqId, SeqKv, SessionKey};
 use super::offload_store::Place;
 use super::prefix_hash::{ROOT_HASH, block_hash};
@@ -198,14 +199,19 @@ impl KvCacheManager {
             );
             return None;
         }
+        let mut reuse = reuse;
         if partial && keep > 0 {
             let last = blocks[keep - 1];
             if cow {
                 let copy = self.pool.allocate()?;
-                io.copy_block(last, copy);
+                if io_ops::copy(io, last, copy) {
+                    self.stats.cow_copies += 1;
+                } else {
+                    // The copy holds nothing valid: recompute that block's tokens.
+                    reuse = (keep - 1) * b;
+                }
                 self.pool.release(last);
                 blocks[keep - 1] = copy;
-                self.stats.cow_copies += 1;
             } else {
                 self.pool.clear_content(last);
             }
@@ -279,17 +285,22 @@ impl KvCacheManager {
         };
         let mut blocks = hit_blocks;
         let hashes = hit_hashes;
-        let mut buf_at = hits * self.block_bytes;
+        let mut restored = true;
         if let (Some((bytes, _)), KvSource::Host | KvSource::Disk) = (&data, source) {
-            for _ in hits..restore_to {
+            let bb = self.block_bytes;
+            for i in hits..restore_to {
                 let b = self.pool.allocate()?;
-                if let Some(block) = bytes.get(buf_at..buf_at + self.block_bytes) {
-                    io.write_block(b, block);
-                }
-                buf_at += self.block_bytes;
+                let image = bytes.get(i * bb..(i + 1) * bb).unwrap_or(&[]);
+                restored &= io_ops::write(io, b, image, bb);
                 blocks.push(b);
             }
         }
+        // A failed write leaves garbage in the restored blocks: recompute them instead.
+        let (computed, source) = if restored {
+            (computed, source)
+        } else {
+            (hits * bsz, KvSource::Recompute)
+        };
         let more = self
             .blocks_for(total.max(computed))
             .saturating_sub(blocks.len());

@@ -11,6 +11,7 @@
 //! - when the store drops an older entry to make room, the session that pointed at it is
 //!   removed too (no record ever points at a missing entry).
 
+use super::io_ops;
 use super::manager::{IdleKv, IdleSession, KvCacheManager, SeqId, SessionKey};
 use super::offload_store::Place;
 use super::stats::EvictAction;
@@ -141,7 +142,8 @@ impl KvCacheManager {
     }
 
     /// Copies `blocks` into the store as `key`'s idle KV (with `last_use` = now). Returns where
-    /// the bytes went, or `None` if the store could not take them (nothing recorded then).
+    /// the bytes went, or `None` if a block could not be read or the store could not take
+    /// them (nothing recorded then).
     fn offload_blocks(
         &mut self,
         key: &SessionKey,
@@ -154,8 +156,9 @@ impl KvCacheManager {
         let mut data = Vec::with_capacity(blocks.len() * self.block_bytes);
         let mut buf = Vec::with_capacity(self.block_bytes);
         for &b in blocks {
-            io.read_block(b, &mut buf);
-            buf.resize(self.block_bytes, 0);
+            if !io_ops::read(io, b, &mut buf, self.block_bytes) {
+                return None;
+            }
             data.extend_from_slice(&buf);
         }
         let put = self.store.put(key.clone(), data, now);

@@ -15,6 +15,7 @@ pub mod begin;
 pub mod block_pool;
 pub mod cost;
 pub mod eviction;
+mod io_ops;
 pub mod manager;
 pub mod mem_io;
 pub mod offload_store;

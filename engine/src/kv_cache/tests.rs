@@ -354,3 +354,30 @@ fn no_room_is_none_and_changes_nothing() {
     assert_eq!(kv.block_table(1).unwrap().len(), 2);
     kv.check().unwrap();
 }
+
+/// A store whose reads come back short (a failing device copy).
+struct UnreadableIo;
+
+impl BlockIo for UnreadableIo {
+    fn block_bytes(&self) -> usize {
+        BYTES
+    }
+    fn read_block(&self, _block: u32, out: &mut Vec<u8>) {
+        out.clear();
+    }
+    fn write_block(&mut self, _block: u32, _data: &[u8]) {}
+    fn copy_block(&mut self, _src: u32, _dst: u32) {}
+}
+
+#[test]
+fn unreadable_blocks_are_dropped_not_offloaded() {
+    let mut kv = manager(4, 1 << 20, None);
+    let mut io = MemBlockIo::new(4, BYTES);
+    let t = toks(0..10);
+    run_prompt(&mut kv, &mut io, 1, PRO, &t, Some("s"), 0);
+    kv.finish_seq(1, Some("s"), &t, 0);
+    assert!(kv.make_room(4, 1, &mut UnreadableIo));
+    assert_eq!(kv.stats().evictions_of("pro", EvictAction::Drop), 1);
+    assert_eq!(kv.host_bytes_used(), 0);
+    kv.check().unwrap();
+}
