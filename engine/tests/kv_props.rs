@@ -13,7 +13,7 @@ use std::path::Path;
 use proptest::prelude::*;
 use tidegate_engine::block_io::BlockIo;
 use tidegate_engine::kv_cache::{
-    CostModel, KvCacheManager, KvConfig, MemBlockIo, PressureAction, SeqId, StoreConfig,
+    CostModel, KvCacheManager, KvConfig, MemBlockIo, PressureAction, SeqId, SeqStart, StoreConfig,
     TierConfig, Tiers,
 };
 use tidegate_engine::scheduler::{NewRequest, Scheduler, SchedulerConfig};
@@ -218,15 +218,14 @@ impl KvWorld {
         if self.live.contains_key(&seq) {
             return Ok(());
         }
-        let Some(b) = self.kv.begin_seq(
+        let start = SeqStart {
             seq,
             tier,
-            &tokens,
-            session.as_deref(),
+            tokens: &tokens,
+            session: session.as_deref(),
             chunk,
-            self.now,
-            &mut self.io,
-        ) else {
+        };
+        let Some(b) = self.kv.begin_seq(start, self.now, &mut self.io) else {
             prop_assert!(!self.kv.has_seq(seq));
             return Ok(());
         };
@@ -353,15 +352,14 @@ impl KvWorld {
                 let Some(l) = self.live.get_mut(&seq).filter(|l| l.preempted) else {
                     return Ok(());
                 };
-                if let Some(b) = self.kv.begin_seq(
+                let start = SeqStart {
                     seq,
-                    l.tier,
-                    &l.tokens,
-                    l.session.as_deref(),
-                    8,
-                    now,
-                    &mut self.io,
-                ) {
+                    tier: l.tier,
+                    tokens: &l.tokens,
+                    session: l.session.as_deref(),
+                    chunk: 8,
+                };
+                if let Some(b) = self.kv.begin_seq(start, now, &mut self.io) {
                     let table = self
                         .kv
                         .block_table(seq)

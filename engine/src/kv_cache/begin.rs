@@ -19,6 +19,21 @@ use super::stats::KvSource;
 use super::tier::TierId;
 use crate::block_io::BlockIo;
 
+/// What a sequence asks for when it starts (or resumes after preemption).
+#[derive(Clone, Copy, Debug)]
+pub struct SeqStart<'a> {
+    /// The sequence.
+    pub seq: SeqId,
+    /// Its tier.
+    pub tier: TierId,
+    /// All its known tokens (prompt, plus tokens generated before a preemption).
+    pub tokens: &'a [u32],
+    /// Its chat session, whose idle KV it may reuse.
+    pub session: Option<&'a str>,
+    /// New tokens it will compute in its first step (room is made for them too).
+    pub chunk: usize,
+}
+
 /// How a sequence started.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Begin {
@@ -34,81 +49,58 @@ fn common_prefix(a: &[u32], b: &[u32]) -> usize {
 }
 
 impl KvCacheManager {
-    /// Gives sequence `seq` (tier `tier`, all its known `tokens`, optional `session`) a block
-    /// table covering the KV it can reuse plus room for its first `chunk` new tokens. A
-    /// preempted sequence resumes its own parked KV; otherwise a named session's idle KV is
-    /// used. `None` when the blocks cannot be found (nothing changes for the caller's request).
-    #[allow(clippy::too_many_arguments)]
+    /// Gives a starting sequence a block table covering the KV it can reuse plus room for its
+    /// first `chunk` new tokens. A preempted sequence resumes its own parked KV; otherwise a
+    /// named session's idle KV is used; otherwise shared-prefix hits. `None` when the blocks
+    /// cannot be found (nothing changes for the caller's request).
     pub fn begin_seq(
         &mut self,
-        seq: SeqId,
-        tier: TierId,
-        tokens: &[u32],
-        session: Option<&str>,
-        chunk: usize,
+        start: SeqStart<'_>,
         now: u64,
         io: &mut dyn BlockIo,
     ) -> Option<Begin> {
-        if self.seqs.contains_key(&seq) || tokens.is_empty() {
+        if self.seqs.contains_key(&start.seq) || start.tokens.is_empty() {
             return None;
         }
-        let cap = tokens.len() - 1;
-        let preempted = SessionKey::Preempted(seq);
+        let preempted = SessionKey::Preempted(start.seq);
         let key = if self.sessions.contains_key(&preempted) || self.drops.remove(&preempted) {
-            Some(preempted)
+            preempted
+        } else if let Some(name) = start.session {
+            SessionKey::Named(name.to_string())
         } else {
-            session.map(|s| SessionKey::Named(s.to_string()))
+            let computed = self.begin_prefix(start, now, io)?;
+            return Some(Begin {
+                computed,
+                source: KvSource::Fresh,
+            });
         };
-        let idle = key.as_ref().and_then(|k| self.sessions.remove(k));
-        let known = match (&key, &idle) {
-            (_, Some(_)) => true,
-            (Some(SessionKey::Preempted(_)), None) => true,
-            (Some(k), None) => self.drops.remove(k),
-            (None, None) => false,
-        };
+        let idle = self.sessions.remove(&key);
+        let known =
+            idle.is_some() || matches!(key, SessionKey::Preempted(_)) || self.drops.remove(&key);
         let begun = match idle {
-            Some(IdleSession {
-                kv: IdleKv::Resident { blocks, hashes },
-                tokens: stok,
-                tier: stier,
-                ..
-            }) => {
-                let key = key.clone().unwrap_or(SessionKey::Preempted(seq));
-                self.begin_resident(
-                    seq,
-                    tier,
-                    tokens,
-                    chunk,
-                    now,
-                    io,
-                    (key, stier, stok, blocks, hashes),
-                )
-            }
             Some(
-                stored @ IdleSession {
-                    kv: IdleKv::Stored(_),
+                idle @ IdleSession {
+                    kv: IdleKv::Resident { .. },
                     ..
                 },
-            ) => {
-                let key = key.clone().unwrap_or(SessionKey::Preempted(seq));
-                self.begin_stored(seq, tier, tokens, chunk, now, io, key, stored)
-            }
-            None => self
-                .begin_prefix(seq, tier, tokens, chunk, now, io)
-                .map(|computed| Begin {
-                    computed,
-                    source: if known {
-                        KvSource::Recompute
-                    } else {
-                        KvSource::Fresh
-                    },
-                }),
+            ) => self.begin_resident(start, key.clone(), idle, now, io),
+            Some(idle) => self.begin_stored(start, key.clone(), idle, now, io),
+            None => self.begin_prefix(start, now, io).map(|computed| Begin {
+                computed,
+                source: if known {
+                    KvSource::Recompute
+                } else {
+                    KvSource::Fresh
+                },
+            }),
         };
-        if let Some(b) = &begun {
-            self.stats.restored(b.source);
-            debug_assert!(b.computed <= cap);
-        } else if let Some(k) = key.filter(|k| known && !self.sessions.contains_key(k)) {
-            self.drops.insert(k);
+        match &begun {
+            Some(b) => {
+                self.stats.restored(b.source);
+                debug_assert!(b.computed < start.tokens.len());
+            }
+            None if known && !self.sessions.contains_key(&key) => self.drops.insert(key),
+            None => {}
         }
         begun
     }
@@ -137,13 +129,17 @@ impl KvCacheManager {
     /// Returns the computed token count.
     fn begin_prefix(
         &mut self,
-        seq: SeqId,
-        tier: TierId,
-        tokens: &[u32],
-        chunk: usize,
+        start: SeqStart<'_>,
         now: u64,
         io: &mut dyn BlockIo,
     ) -> Option<usize> {
+        let SeqStart {
+            seq,
+            tier,
+            tokens,
+            chunk,
+            ..
+        } = start;
         let (blocks, hashes) = self.acquire_prefix_hits(tokens, tokens.len() - 1);
         let computed = blocks.len() * self.block_size;
         let total = (computed + chunk).min(tokens.len());
@@ -158,23 +154,34 @@ impl KvCacheManager {
     }
 
     /// Returning session with resident blocks: keep those its new prompt shares.
-    #[allow(clippy::too_many_arguments, clippy::type_complexity)]
     fn begin_resident(
         &mut self,
-        seq: SeqId,
-        tier: TierId,
-        tokens: &[u32],
-        chunk: usize,
+        start: SeqStart<'_>,
+        key: SessionKey,
+        idle: IdleSession,
         now: u64,
         io: &mut dyn BlockIo,
-        (key, stier, stok, mut blocks, mut hashes): (
-            SessionKey,
-            TierId,
-            Vec<u32>,
-            Vec<BlockId>,
-            Vec<u64>,
-        ),
     ) -> Option<Begin> {
+        let SeqStart {
+            seq,
+            tier,
+            tokens,
+            chunk,
+            ..
+        } = start;
+        let IdleSession {
+            tier: stier,
+            tokens: stok,
+            kv:
+                IdleKv::Resident {
+                    mut blocks,
+                    mut hashes,
+                },
+            ..
+        } = idle
+        else {
+            return None;
+        };
         let b = self.block_size;
         let reuse = common_prefix(&stok, tokens).min(tokens.len() - 1);
         let keep = self.blocks_for(reuse).min(blocks.len());
@@ -226,18 +233,21 @@ impl KvCacheManager {
     /// Returning session (or resuming preempted sequence) whose KV is in host RAM or on disk:
     /// shared-prefix hits first, then the rest restored from the store when reading beats
     /// recomputing.
-    #[allow(clippy::too_many_arguments)]
     fn begin_stored(
         &mut self,
-        seq: SeqId,
-        tier: TierId,
-        tokens: &[u32],
-        chunk: usize,
-        now: u64,
-        io: &mut dyn BlockIo,
+        start: SeqStart<'_>,
         key: SessionKey,
         idle: IdleSession,
+        now: u64,
+        io: &mut dyn BlockIo,
     ) -> Option<Begin> {
+        let SeqStart {
+            seq,
+            tier,
+            tokens,
+            chunk,
+            ..
+        } = start;
         let IdleKv::Stored(id) = idle.kv else {
             return None;
         };

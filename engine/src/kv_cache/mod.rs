@@ -23,7 +23,7 @@ pub mod prefix_hash;
 pub mod stats;
 pub mod tier;
 
-pub use begin::Begin;
+pub use begin::{Begin, SeqStart};
 pub use block_pool::{BlockId, BlockPool};
 pub use cost::CostModel;
 pub use eviction::Preempted;

@@ -81,7 +81,7 @@ fn run_prompt(
     now: u64,
 ) -> Begin {
     let begin = kv
-        .begin_seq(seq, tier, tokens, session, tokens.len(), now, io)
+        .begin_seq(start(seq, tier, tokens, session, tokens.len()), now, io)
         .unwrap();
     assert_kv(kv, io, seq, tokens, begin.computed);
     kv.allocate_slots(seq, tokens.len(), now, io).unwrap();
@@ -89,6 +89,22 @@ fn run_prompt(
     kv.cache_full_blocks(seq, tokens);
     kv.check().unwrap();
     begin
+}
+
+fn start<'a>(
+    seq: SeqId,
+    tier: TierId,
+    tokens: &'a [u32],
+    session: Option<&'a str>,
+    chunk: usize,
+) -> SeqStart<'a> {
+    SeqStart {
+        seq,
+        tier,
+        tokens,
+        session,
+        chunk,
+    }
 }
 
 fn toks(range: std::ops::Range<u32>) -> Vec<u32> {
@@ -346,7 +362,7 @@ fn no_room_is_none_and_changes_nothing() {
     let mut io = MemBlockIo::new(3, BYTES);
     run_prompt(&mut kv, &mut io, 1, FREE, &toks(0..8), None, 0);
     assert!(
-        kv.begin_seq(2, FREE, &toks(50..60), None, 10, 0, &mut io)
+        kv.begin_seq(start(2, FREE, &toks(50..60), None, 10), 0, &mut io)
             .is_none()
     );
     assert!(!kv.has_seq(2));

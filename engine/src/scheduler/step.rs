@@ -22,7 +22,7 @@
 use std::cmp::Reverse;
 
 use crate::block_io::BlockIo;
-use crate::kv_cache::{KvSource, SeqId};
+use crate::kv_cache::{KvSource, SeqId, SeqStart};
 
 use super::core::Scheduler;
 use super::output::{ScheduledSeq, SchedulerOutput};
@@ -168,10 +168,17 @@ impl Scheduler {
                     break None;
                 };
                 let session = req.session.as_deref();
-                if let Some(b) = self
-                    .kv
-                    .begin_seq(id, tier, &req.tokens, session, chunk, now, io)
-                {
+                if let Some(b) = self.kv.begin_seq(
+                    SeqStart {
+                        seq: id,
+                        tier,
+                        tokens: &req.tokens,
+                        session,
+                        chunk,
+                    },
+                    now,
+                    io,
+                ) {
                     break Some(b);
                 }
                 // Only a running sequence of strictly lower effective priority may give way.
