@@ -22,6 +22,7 @@ pub mod offload_store;
 pub mod prefix_hash;
 pub mod stats;
 pub mod tier;
+pub mod tier_policy;
 
 pub use begin::{Begin, SeqStart};
 pub use block_pool::{BlockId, BlockPool};
