@@ -442,7 +442,7 @@ proptest! {
     #![proptest_config(ProptestConfig { cases: 256, ..ProptestConfig::default() })]
 
     #[test]
-    fn kv_manager_random_ops(ops in prop::collection::vec(kv_op(), 1..120)) {
+    fn kv_budgets_refcounts_and_bytes_hold_under_random_ops(ops in prop::collection::vec(kv_op(), 1..120)) {
         run_kv_ops(ops)?;
     }
 }
@@ -671,7 +671,7 @@ proptest! {
     #![proptest_config(ProptestConfig { cases: 128, ..ProptestConfig::default() })]
 
     #[test]
-    fn scheduler_random_ops(ops in prop::collection::vec(sched_op(), 1..120)) {
+    fn scheduler_keeps_invariants_and_finishes_everything_under_random_ops(ops in prop::collection::vec(sched_op(), 1..120)) {
         run_sched_ops(ops)?;
     }
 }

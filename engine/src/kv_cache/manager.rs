@@ -297,6 +297,17 @@ impl KvCacheManager {
         );
     }
 
+    /// Marks a named session as just used (a request for it is queued), so LRU eviction
+    /// spares it while the request waits.
+    pub fn touch_session(&mut self, session: &str, now: u64) {
+        if let Some(idle) = self
+            .sessions
+            .get_mut(&SessionKey::Named(session.to_string()))
+        {
+            idle.last_use = idle.last_use.max(now);
+        }
+    }
+
     /// Forgets a named session's idle KV (resident or stored) at once.
     pub fn forget_session(&mut self, session: &str) {
         let key = SessionKey::Named(session.to_string());

@@ -26,7 +26,8 @@ pub enum Place {
     Disk,
 }
 
-/// Budgets and the spill directory.
+/// Budgets and the spill directory. Budgets count KV bytes (whole blocks); the small
+/// per-session metadata (token ids) lives outside them.
 #[derive(Clone, Debug, Default, PartialEq)]
 pub struct StoreConfig {
     /// Host RAM for offloaded KV.

@@ -129,6 +129,9 @@ impl Scheduler {
             });
         }
         let id = req.id;
+        if let Some(session) = &req.session {
+            self.kv.touch_session(session, now);
+        }
         self.reqs.insert(id, Request::new(req, now));
         self.waiting.push(id);
         Ok(())
@@ -217,6 +220,11 @@ impl Scheduler {
             prompt_tokens: req.prompt_len,
             output_tokens: req.generated(),
         })
+    }
+
+    /// Forgets a chat session's idle KV now (e.g. the conversation was deleted).
+    pub fn forget_session(&mut self, session: &str) {
+        self.kv.forget_session(session);
     }
 
     /// Applies idle-session TTLs without scheduling (for an engine with nothing to run).

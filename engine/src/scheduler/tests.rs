@@ -304,3 +304,17 @@ fn add_request_refusals() {
         Err(AddError::QueueFull(1))
     );
 }
+
+#[test]
+fn cancelling_a_preempted_request_frees_its_offloaded_kv() {
+    let (mut s, mut io) = sched(6, cfg(64, 4), PressureAction::Offload);
+    s.add_request(req(1, LOW, 18, 100), 0).unwrap();
+    step(&mut s, &mut io, 0);
+    s.add_request(req(2, HIGH, 10, 50), 1).unwrap();
+    let (o, _) = step(&mut s, &mut io, 1);
+    assert_eq!(o.preempted, vec![1]);
+    assert!(s.kv().host_bytes_used() > 0);
+    assert!(s.cancel(1));
+    assert_eq!(s.kv().host_bytes_used(), 0);
+    assert_eq!(s.kv().idle_sessions(), 0);
+}
