@@ -276,7 +276,12 @@ impl KvCacheManager {
         let need = self.blocks_for(total).saturating_sub(hits);
         if !self.ensure_free(need, now, io, Some(&key)) {
             self.release_all(&hit_blocks);
-            self.sessions.insert(key, idle);
+            // Evictions made while trying may have pushed this entry out of the store.
+            if self.store.peek(id).is_some() {
+                self.sessions.insert(key, idle);
+            } else {
+                self.drops.insert(key);
+            }
             return None;
         }
         self.stats.prefix_hit_tokens += (hits * bsz) as u64;
