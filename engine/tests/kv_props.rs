@@ -379,8 +379,13 @@ impl KvWorld {
                 self.kv.evict_expired(self.now, &mut self.io);
             }
             KvOp::MakeRoom { blocks } => {
+                let before = self.kv.stats().clone();
                 let ok = self.kv.make_room(usize::from(blocks), now, &mut self.io);
                 prop_assert_eq!(ok, self.kv.blocks_free() >= usize::from(blocks));
+                // A request that cannot fit evicts nobody.
+                if !ok {
+                    prop_assert_eq!(&before, self.kv.stats());
+                }
             }
             KvOp::Forget { session } => self.kv.forget_session(&format!("s{session}")),
         }

@@ -11,6 +11,9 @@
 //! - when the store drops an older entry to make room, the session that pointed at it is
 //!   removed too (no record ever points at a missing entry).
 
+use std::collections::HashMap;
+
+use super::block_pool::BlockId;
 use super::io_ops;
 use super::manager::{IdleKv, IdleSession, KvCacheManager, SeqId, SessionKey};
 use super::offload_store::Place;
@@ -27,6 +30,26 @@ pub enum Preempted {
     Dropped,
 }
 
+/// Order of eviction, smallest first: sessions that free blocks on their own before those
+/// that only free blocks shared with other idle sessions; other tiers before `Retain`; then
+/// the cost model's expected loss per freed block; then least recently used.
+#[derive(Clone, Copy, Debug)]
+struct VictimRank {
+    frees_nothing: bool,
+    retain: bool,
+    score: f64,
+    last_use: u64,
+}
+
+impl VictimRank {
+    fn cmp(&self, other: &VictimRank) -> std::cmp::Ordering {
+        (self.frees_nothing, self.retain)
+            .cmp(&(other.frees_nothing, other.retain))
+            .then_with(|| self.score.total_cmp(&other.score))
+            .then_with(|| self.last_use.cmp(&other.last_use))
+    }
+}
+
 impl KvCacheManager {
     /// Makes at least `need` blocks free by evicting idle resident sessions (other than
     /// `exclude`), cheapest expected loss first. Returns whether `need` blocks are free.
@@ -40,18 +63,21 @@ impl KvCacheManager {
         if self.pool.num_free() >= need {
             return true;
         }
-        // Sound early refusal: even evicting every idle resident session cannot free more
-        // blocks than they list, so do not evict anyone for a request that cannot fit.
-        let evictable: usize = self
-            .sessions
+        // Exact early refusal: a block comes free only if every holder of it is an evictable
+        // idle session, so never evict anyone for a request that cannot fit anyway.
+        let mut idle_holders: HashMap<BlockId, u32> = HashMap::new();
+        for (key, idle) in &self.sessions {
+            if let (false, IdleKv::Resident { blocks, .. }) = (Some(key) == exclude, &idle.kv) {
+                for &b in blocks {
+                    *idle_holders.entry(b).or_insert(0) += 1;
+                }
+            }
+        }
+        let freeable = idle_holders
             .iter()
-            .filter(|(k, _)| Some(*k) != exclude)
-            .map(|(_, s)| match &s.kv {
-                IdleKv::Resident { blocks, .. } => blocks.len(),
-                IdleKv::Stored(_) => 0,
-            })
-            .sum();
-        if self.pool.num_free() + evictable < need {
+            .filter(|&(&b, &n)| self.pool.ref_count(b) == n)
+            .count();
+        if self.pool.num_free() + freeable < need {
             return false;
         }
         while self.pool.num_free() < need {
@@ -65,7 +91,7 @@ impl KvCacheManager {
 
     /// The idle resident session whose eviction loses least per block it frees.
     fn pick_victim(&self, now: u64, exclude: Option<&SessionKey>) -> Option<SessionKey> {
-        let mut best: Option<((bool, f64, u64), &SessionKey)> = None;
+        let mut best: Option<(VictimRank, &SessionKey)> = None;
         for (key, idle) in &self.sessions {
             if Some(key) == exclude {
                 continue;
@@ -77,30 +103,24 @@ impl KvCacheManager {
                 .iter()
                 .filter(|&&b| self.pool.ref_count(b) == 1)
                 .count();
-            if freed == 0 {
-                continue;
-            }
             let tier = self.tiers.get(idle.tier);
-            let idle_ms = now.saturating_sub(idle.last_use);
             let score = self.cost.victim_score(
                 tier,
-                idle_ms,
+                now.saturating_sub(idle.last_use),
                 idle.tokens.len(),
                 blocks.len() * self.block_bytes,
                 freed,
                 tier.on_pressure == PressureAction::Offload,
             );
-            let rank = (
-                tier.on_pressure == PressureAction::Retain,
+            let rank = VictimRank {
+                frees_nothing: freed == 0,
+                retain: tier.on_pressure == PressureAction::Retain,
                 score,
-                idle.last_use,
-            );
-            let better = match &best {
-                None => true,
-                Some((r, _)) => (rank.0, rank.1, rank.2)
-                    .partial_cmp(&(r.0, r.1, r.2))
-                    .is_some_and(|o| o.is_lt()),
+                last_use: idle.last_use,
             };
+            let better = best
+                .as_ref()
+                .is_none_or(|(r, k)| rank.cmp(r).then_with(|| key.cmp(k)).is_lt());
             if better {
                 best = Some((rank, key));
             }

@@ -62,7 +62,7 @@ impl KvConfig {
 
 /// Who holds an idle session record: a named chat session, or a preempted sequence waiting to
 /// resume.
-#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+#[derive(Clone, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub(super) enum SessionKey {
     Named(String),
     Preempted(SeqId),
