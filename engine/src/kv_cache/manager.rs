@@ -153,6 +153,11 @@ impl KvCacheManager {
         self.tiers = tiers;
     }
 
+    /// Replaces the cost model (calibrated from measured prefill speed and copy bandwidth).
+    pub fn set_cost_model(&mut self, cost: CostModel) {
+        self.cost = cost;
+    }
+
     /// Blocks in the pool.
     pub fn blocks_total(&self) -> usize {
         self.pool.num_blocks()

@@ -72,6 +72,11 @@ impl Scheduler {
         &self.kv
     }
 
+    /// Replaces the KV cost model (calibration from measurements).
+    pub fn set_cost_model(&mut self, cost: crate::kv_cache::CostModel) {
+        self.kv.set_cost_model(cost);
+    }
+
     /// Replaces the tier table (ids keep their meaning by position).
     pub fn set_tiers(&mut self, tiers: Tiers) {
         self.kv.set_tiers(tiers);

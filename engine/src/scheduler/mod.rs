@@ -15,12 +15,14 @@
 
 pub mod config;
 pub mod core;
+pub mod metrics;
 pub mod output;
 pub mod request;
 pub mod step;
 
 pub use config::SchedulerConfig;
 pub use core::{AddError, Scheduler};
+pub use metrics::Snapshot;
 pub use output::{Finished, SchedStats, ScheduledSeq, SchedulerOutput};
 pub use request::{FinishReason, NewRequest};
 

@@ -318,3 +318,20 @@ fn cancelling_a_preempted_request_frees_its_offloaded_kv() {
     assert_eq!(s.kv().host_bytes_used(), 0);
     assert_eq!(s.kv().idle_sessions(), 0);
 }
+
+#[test]
+fn snapshot_reports_queues_blocks_and_counters() {
+    let (mut s, mut io) = sched(16, cfg(8, 1), PressureAction::Drop);
+    s.add_request(req(1, LOW, 4, 5), 0).unwrap();
+    s.add_request(req(2, HIGH, 4, 5), 0).unwrap();
+    s.add_request(req(3, HIGH, 4, 5), 0).unwrap();
+    step(&mut s, &mut io, 0);
+    let snap = s.snapshot();
+    assert_eq!(snap.running, 1);
+    assert_eq!(
+        snap.waiting_by_tier,
+        vec![("low".to_string(), 1), ("high".to_string(), 1)]
+    );
+    assert_eq!((snap.blocks_used, snap.blocks_total), (1, 16));
+    assert_eq!(snap.prefill_tokens, 4);
+}
