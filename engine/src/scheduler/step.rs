@@ -7,9 +7,11 @@
 //!   `aging_ms_per_level` since it arrived (aging). Requests age at the same rate, so the
 //!   order between two requests never flips back, and any request eventually outranks every
 //!   newer one: a lower tier never starves;
-//! - running sequences go first, highest effective priority first, then earliest arrival;
-//!   when one cannot get blocks, the lowest-priority running sequence is preempted (possibly
-//!   itself). The top sequence always fits (no request may outgrow the pool);
+//! - running sequences go first: their decode tokens, then their prefill chunks, each in
+//!   order of effective priority, then earliest arrival. When one cannot get blocks, the
+//!   lowest-priority running sequence is preempted (possibly itself, possibly one already
+//!   given a chunk this step, which then loses it). The top sequence always fits (no request
+//!   may outgrow the pool);
 //! - waiting requests are taken in the same order (FIFO within a tier). The head of the queue
 //!   is never overtaken: if it cannot start, nobody behind it does (no starvation by smaller
 //!   requests). It may preempt running sequences of strictly lower effective priority;
@@ -88,6 +90,8 @@ impl Scheduler {
         self.running = running;
     }
 
+    /// Running sequences: decodes first (one token each, so inter-token latency does not wait
+    /// behind long prefills), then prefill chunks, each group in priority order.
     fn schedule_running(
         &mut self,
         now: u64,
@@ -96,22 +100,24 @@ impl Scheduler {
         budget: &mut usize,
         out: &mut SchedulerOutput,
     ) {
-        let mut i = 0;
-        while i < self.running.len() {
+        let remaining = |r: &super::request::Request| r.tokens.len() - r.computed;
+        let (decodes, prefills): (Vec<SeqId>, Vec<SeqId>) = self
+            .running
+            .iter()
+            .partition(|id| self.reqs.get(id).is_some_and(|r| remaining(r) <= 1));
+        for id in decodes.into_iter().chain(prefills) {
             if chunks.len() >= self.cfg.max_num_seqs || *budget == 0 {
                 break;
             }
-            let id = self.running[i];
+            if out.preempted.contains(&id) {
+                continue;
+            }
             let Some(req) = self.reqs.get(&id) else {
-                i += 1;
                 continue;
             };
             let start = req.computed;
-            let len = (req.tokens.len() - start)
-                .min(*budget)
-                .min(self.cfg.max_prefill_chunk);
+            let len = remaining(req).min(*budget).min(self.cfg.max_prefill_chunk);
             if len == 0 {
-                i += 1;
                 continue;
             }
             loop {
@@ -123,21 +129,16 @@ impl Scheduler {
                         source: None,
                     });
                     *budget -= len;
-                    i += 1;
                     break;
                 }
-                // Running is sorted highest first, so the lowest is the last one, at or after
-                // `i`; it was not scheduled yet in this step.
+                // Out of blocks: the lowest-priority running sequence gives way (it may be
+                // this one, or one already given a chunk in this step).
                 let Some(victim) = self.lowest_running(now) else {
                     return;
                 };
-                let before = self.running.iter().position(|&r| r == victim) < Some(i);
                 self.preempt_scheduled(victim, now, io, chunks, budget, out);
                 if victim == id {
                     break;
-                }
-                if before {
-                    i -= 1;
                 }
             }
         }

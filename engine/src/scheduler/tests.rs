@@ -335,3 +335,22 @@ fn snapshot_reports_queues_blocks_and_counters() {
     assert_eq!((snap.blocks_used, snap.blocks_total), (1, 16));
     assert_eq!(snap.prefill_tokens, 4);
 }
+
+#[test]
+fn decodes_are_not_starved_by_a_higher_tier_prefill() {
+    let mut c = cfg(8, 4);
+    c.max_prefill_chunk = 8;
+    let (mut s, mut io) = sched(64, c, PressureAction::Drop);
+    s.add_request(req(1, LOW, 3, 50), 0).unwrap();
+    step(&mut s, &mut io, 0);
+    s.add_request(req(2, HIGH, 40, 5), 1).unwrap();
+    step(&mut s, &mut io, 1);
+    // 2 is now a running prefill of higher tier; 1's decode still goes first.
+    let (o, _) = step(&mut s, &mut io, 2);
+    let got: Vec<_> = o
+        .scheduled
+        .iter()
+        .map(|x| (x.seq_id, x.tokens.len()))
+        .collect();
+    assert_eq!(got, vec![(1, 1), (2, 7)]);
+}
