@@ -3,12 +3,12 @@
 //! or freed twice, reference counts equal holders, device/host/disk budgets never exceeded,
 //! and every live sequence always sees the right KV bytes for the tokens it counts computed.
 
-mod common;
+mod kv_common;
 
 use std::collections::HashMap;
 use std::path::Path;
 
-use common::*;
+use kv_common::*;
 use proptest::prelude::*;
 use tidegate_engine::kv_cache::{KvCacheManager, MemBlockIo, SeqId, SeqStart};
 

@@ -3,11 +3,11 @@
 //! reads correct KV for its context, the scheduler's and the cache's invariants hold after
 //! every step, and everything admitted finishes in bounded steps.
 
-mod common;
+mod kv_common;
 
 use std::collections::HashMap;
 
-use common::*;
+use kv_common::*;
 use proptest::prelude::*;
 use tidegate_engine::kv_cache::{KvCacheManager, MemBlockIo, SeqId};
 use tidegate_engine::scheduler::{NewRequest, Scheduler, SchedulerConfig};
