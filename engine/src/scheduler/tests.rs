@@ -354,3 +354,32 @@ fn decodes_are_not_starved_by_a_higher_tier_prefill() {
         .collect();
     assert_eq!(got, vec![(1, 1), (2, 7)]);
 }
+
+#[test]
+fn session_offloaded_under_pressure_comes_back_from_host() {
+    // 8 blocks: a finished chat's 3 idle blocks must make room for a 6-block prompt.
+    let (mut s, mut io) = sched(8, cfg(64, 4), PressureAction::Offload);
+    let mut chat = req(1, LOW, 10, 2);
+    chat.session = Some("chat".into());
+    s.add_request(chat.clone(), 0).unwrap();
+    for t in 0..3 {
+        step(&mut s, &mut io, t);
+    }
+    s.add_request(req(2, HIGH, 22, 1), 5).unwrap();
+    step(&mut s, &mut io, 5);
+    assert_eq!(
+        s.kv()
+            .stats()
+            .evictions_of("low", crate::kv_cache::EvictAction::Offload),
+        1
+    );
+    assert!(s.kv().host_bytes_used() > 0);
+    let mut turn2 = chat;
+    turn2.id = 3;
+    turn2.prompt.extend([7, 7, 9]);
+    s.add_request(turn2, 10).unwrap();
+    let (o, _) = step(&mut s, &mut io, 10);
+    assert_eq!(o.scheduled[0].kv_source, Some(KvSource::Host));
+    assert_eq!(o.scheduled[0].start_pos, 11);
+    assert_eq!(s.snapshot().restores[1], (KvSource::Host, 1));
+}
