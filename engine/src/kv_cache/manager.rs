@@ -148,9 +148,25 @@ impl KvCacheManager {
         &self.tiers
     }
 
-    /// Replaces the tier table (a pushed TierPolicy). Ids keep their meaning by position.
-    pub fn set_tiers(&mut self, tiers: Tiers) {
+    /// Replaces the tier table (a pushed TierPolicy). Live sequences and idle sessions keep
+    /// their tier by name; a tier that disappeared maps to the new default. Returns the id
+    /// map (`old id → new id`) so the caller can remap its own records the same way.
+    pub fn set_tiers(&mut self, tiers: Tiers) -> Vec<TierId> {
+        let map: Vec<TierId> = self
+            .tiers
+            .all()
+            .iter()
+            .map(|t| tiers.id_of(&t.name).unwrap_or(tiers.default_id()))
+            .collect();
+        let remap = |id: TierId| map.get(id).copied().unwrap_or(tiers.default_id());
+        for s in self.seqs.values_mut() {
+            s.tier = remap(s.tier);
+        }
+        for s in self.sessions.values_mut() {
+            s.tier = remap(s.tier);
+        }
         self.tiers = tiers;
+        map
     }
 
     /// Replaces the cost model (calibrated from measured prefill speed and copy bandwidth).

@@ -77,9 +77,14 @@ impl Scheduler {
         self.kv.set_cost_model(cost);
     }
 
-    /// Replaces the tier table (ids keep their meaning by position).
+    /// Replaces the tier table (a pushed TierPolicy). Live requests keep their tier by name;
+    /// one whose tier disappeared moves to the new default tier.
     pub fn set_tiers(&mut self, tiers: Tiers) {
-        self.kv.set_tiers(tiers);
+        let default = tiers.default_id();
+        let map = self.kv.set_tiers(tiers);
+        for r in self.reqs.values_mut() {
+            r.tier = map.get(r.tier).copied().unwrap_or(default);
+        }
     }
 
     /// The limits in force.

@@ -11,7 +11,7 @@ use crate::kv_cache::{SeqId, TierId};
 pub struct NewRequest {
     /// Caller-chosen id, unique among live requests.
     pub id: SeqId,
-    /// Tier (index into the scheduler's tier table).
+    /// Tier (index into the scheduler's tier table; look it up by name with `Tiers::id_of`).
     pub tier: TierId,
     /// Chat session id: the KV stays idle under it after the request ends.
     pub session: Option<String>,

@@ -383,3 +383,26 @@ fn session_offloaded_under_pressure_comes_back_from_host() {
     assert_eq!(o.scheduled[0].start_pos, 11);
     assert_eq!(s.snapshot().restores[1], (KvSource::Host, 1));
 }
+
+#[test]
+fn pushed_tier_table_keeps_requests_on_their_tier_by_name() {
+    let (mut s, mut io) = sched(64, cfg(8, 1), PressureAction::Drop);
+    s.add_request(req(1, LOW, 4, 5), 0).unwrap();
+    s.add_request(req(2, HIGH, 4, 5), 0).unwrap();
+    // New policy: tiers reordered, "low" renamed away (its requests go to the default).
+    let t = Tiers::new(
+        vec![
+            TierConfig::new("high", 100, 60_000, PressureAction::Offload),
+            TierConfig::new("basic", 5, 60_000, PressureAction::Drop),
+        ],
+        "basic",
+    )
+    .unwrap();
+    s.set_tiers(t);
+    let (o, _) = step(&mut s, &mut io, 1);
+    assert_eq!(o.scheduled[0].seq_id, 2);
+    assert_eq!(
+        s.snapshot().waiting_by_tier,
+        vec![("high".to_string(), 0), ("basic".to_string(), 1)]
+    );
+}
