@@ -43,6 +43,9 @@
 //! assert_eq!(sched.kv().idle_sessions(), 1);
 //! ```
 //!
+//! If the forward pass fails, skip `update`: nothing counts as computed, and the next
+//! `schedule` hands out the same chunks again (block tables are kept).
+//!
 //! Invariant: the scheduler is the single owner of request state and of the KV cache manager;
 //! nothing else mutates either (no locks).
 

@@ -406,3 +406,19 @@ fn pushed_tier_table_keeps_requests_on_their_tier_by_name() {
         vec![("high".to_string(), 0), ("basic".to_string(), 1)]
     );
 }
+
+#[test]
+fn a_failed_step_is_retried() {
+    let (mut s, mut io) = sched(64, cfg(8, 4), PressureAction::Drop);
+    s.add_request(req(1, LOW, 5, 2), 0).unwrap();
+    let first = s.schedule(0, &mut io);
+    // The runner failed: no update. The same chunk comes back.
+    let again = s.schedule(1, &mut io);
+    assert_eq!(first.scheduled[0].tokens, again.scheduled[0].tokens);
+    assert_eq!(
+        first.scheduled[0].block_table,
+        again.scheduled[0].block_table
+    );
+    assert_eq!(again.scheduled[0].queue_wait_ms, None);
+    s.check().unwrap();
+}
