@@ -127,6 +127,7 @@ pub async fn run(args: LocalArgs) -> anyhow::Result<()> {
         log_dir: args.state_dir.join("logs"),
         admin_token: random_token(),
         extra_args: Vec::new(),
+        file_sd_path: None,
     });
     let mut driver = Driver::new(
         runtime,

@@ -31,6 +31,9 @@ pub struct LocalRuntimeConfig {
     pub admin_token: String,
     /// Extra arguments for every engine (after the pool's own extraArgs).
     pub extra_args: Vec<String>,
+    /// When set, the engines' /metrics targets are written here in Prometheus file_sd
+    /// format (labels `namespace` and `pool`), so a real Prometheus can scrape them.
+    pub file_sd_path: Option<PathBuf>,
 }
 
 struct Replica {
@@ -43,6 +46,8 @@ struct Replica {
 #[derive(Default)]
 struct LocalPool {
     desired: i32,
+    /// The spec last applied, to replace crashed replicas with.
+    spec: Option<InferencePoolSpec>,
     next_index: u32,
     replicas: Vec<Replica>,
 }
@@ -150,6 +155,29 @@ impl LocalRuntime {
         })
     }
 
+    /// Rewrites the file_sd targets of every pool (write then rename: Prometheus never
+    /// reads a torn file).
+    async fn write_file_sd(&self) {
+        let Some(path) = &self.cfg.file_sd_path else {
+            return;
+        };
+        let pools = self.pools.lock().await;
+        let groups: Vec<serde_json::Value> = pools
+            .iter()
+            .map(|(pref, p)| {
+                serde_json::json!({
+                    "targets": p.replicas.iter().map(|r| format!("127.0.0.1:{}", r.api_port)).collect::<Vec<_>>(),
+                    "labels": { "namespace": pref.namespace, "pool": pref.name },
+                })
+            })
+            .collect();
+        let tmp = path.with_extension("tmp");
+        let text = serde_json::Value::Array(groups).to_string();
+        if std::fs::write(&tmp, text).and_then(|_| std::fs::rename(&tmp, path)).is_err() {
+            warn!(path = %path.display(), "could not write Prometheus file_sd targets");
+        }
+    }
+
     async fn ready(&self, r: &Replica) -> bool {
         matches!(
             self.http.get(format!("http://127.0.0.1:{}/readyz", r.api_port)).send().await,
@@ -203,7 +231,7 @@ impl WorkloadRuntime for LocalRuntime {
                 ..WorkloadState::default()
             });
         };
-        // A replica whose process exited is gone; apply() replaces it, as a ReplicaSet would.
+        // A replica whose process exited is gone.
         p.replicas.retain_mut(|r| match r.child.try_wait() {
             Ok(Some(status)) => {
                 warn!(pool = %pool, replica = %r.name, %status, "engine process exited");
@@ -211,6 +239,15 @@ impl WorkloadRuntime for LocalRuntime {
             }
             _ => true,
         });
+        // Replace what crashed, as a ReplicaSet would.
+        if let Some(spec) = p.spec.clone() {
+            while (p.replicas.len() as i32) < p.desired {
+                let index = p.next_index;
+                p.next_index += 1;
+                warn!(pool = %pool, "starting a replacement engine");
+                p.replicas.push(self.spawn(pool, &spec, index)?);
+            }
+        }
         let mut endpoints = Vec::new();
         for r in &p.replicas {
             endpoints.push(Endpoint {
@@ -220,8 +257,12 @@ impl WorkloadRuntime for LocalRuntime {
                 ready: self.ready(r).await,
             });
         }
+        drop(pools);
+        self.write_file_sd().await;
+        let pools = self.pools.lock().await;
+        let desired = pools.get(pool).map_or(0, |p| p.desired);
         Ok(WorkloadState {
-            replicas: Some(p.desired),
+            replicas: Some(desired),
             ready_replicas: endpoints.iter().filter(|e| e.ready).count() as i32,
             endpoints,
             selector: format!("tidegate.dev/pool={}", pool.name),
@@ -238,6 +279,7 @@ impl WorkloadRuntime for LocalRuntime {
         let mut pools = self.pools.lock().await;
         let p = pools.entry(pool.clone()).or_default();
         p.desired = replicas;
+        p.spec = Some(spec.clone());
         let grace = spec.engine.drain_grace_period.as_std();
         while (p.replicas.len() as i32) > replicas {
             let idx = p
