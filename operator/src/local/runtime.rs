@@ -173,7 +173,10 @@ impl LocalRuntime {
             .collect();
         let tmp = path.with_extension("tmp");
         let text = serde_json::Value::Array(groups).to_string();
-        if std::fs::write(&tmp, text).and_then(|_| std::fs::rename(&tmp, path)).is_err() {
+        if std::fs::write(&tmp, text)
+            .and_then(|_| std::fs::rename(&tmp, path))
+            .is_err()
+        {
             warn!(path = %path.display(), "could not write Prometheus file_sd targets");
         }
     }
