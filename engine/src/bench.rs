@@ -303,7 +303,7 @@ async fn bench(args: BenchArgs) -> anyhow::Result<()> {
     let wait_ok = match p99_wait {
         Some(p) => {
             println!(
-                "admitted queue wait p99 (engine histogram, bucket bound): {p:.3}s; target {target_s:.3}s"
+                "admitted queue wait p99 (engine histogram, interpolated): {p:.3}s; target {target_s:.3}s"
             );
             p <= target_s
         }
@@ -403,8 +403,8 @@ fn buckets(text: &str, name: &str, tier: Option<&str>) -> BTreeMap<u64, f64> {
     out
 }
 
-/// The upper bound of the bucket holding the 99th percentile of what was observed between
-/// two scrapes.
+/// The 99th percentile of what was observed between two scrapes, interpolated linearly
+/// within its bucket (as Prometheus' `histogram_quantile` does).
 fn histogram_p99(before: &str, after: &str, name: &str, tier: Option<&str>) -> Option<f64> {
     let b = buckets(before, name, tier);
     let a = buckets(after, name, tier);
@@ -422,10 +422,24 @@ fn histogram_p99(before: &str, after: &str, name: &str, tier: Option<&str>) -> O
     if total <= 0.0 {
         return None;
     }
-    diffs
-        .iter()
-        .find(|(_, c)| *c >= 0.99 * total)
-        .map(|(bound, _)| *bound)
+    let rank = 0.99 * total;
+    let mut prev = (0.0, 0.0);
+    for &(bound, count) in &diffs {
+        if count >= rank {
+            if bound.is_infinite() {
+                return Some(prev.0);
+            }
+            let in_bucket = count - prev.1;
+            let frac = if in_bucket > 0.0 {
+                (rank - prev.1) / in_bucket
+            } else {
+                1.0
+            };
+            return Some(prev.0 + (bound - prev.0) * frac);
+        }
+        prev = (bound, count);
+    }
+    None
 }
 
 #[cfg(test)]
@@ -436,7 +450,8 @@ mod tests {
     fn p99_from_histogram_diff() {
         let before = "x_bucket{tier=\"a\",le=\"0.1\"} 0\nx_bucket{tier=\"a\",le=\"1.0\"} 0\nx_bucket{tier=\"a\",le=\"+Inf\"} 0\n";
         let after = "x_bucket{tier=\"a\",le=\"0.1\"} 98\nx_bucket{tier=\"a\",le=\"1.0\"} 100\nx_bucket{tier=\"a\",le=\"+Inf\"} 100\nrss 5\n";
-        assert_eq!(histogram_p99(before, after, "x", Some("a")), Some(1.0));
+        let p = histogram_p99(before, after, "x", Some("a")).unwrap();
+        assert!((p - 0.55).abs() < 1e-9, "{p}");
         assert_eq!(histogram_p99(before, after, "x", Some("b")), None);
         assert_eq!(gauge(after, "rss"), Some(5.0));
     }

@@ -582,4 +582,43 @@ mod tests {
             "{timed_out:?}"
         );
     }
+
+    #[tokio::test]
+    async fn sessions_reuse_then_restore_after_eviction() {
+        let metrics = Metrics::new();
+        let config = FakeConfig {
+            kv_blocks_total: 4,
+            block_size: 16,
+            ..FakeConfig::default()
+        };
+        let engine = FakeEngine::start(config, Arc::clone(&metrics));
+        let mut first = request(&engine, "twenty characters!!!", 10);
+        first.session_id = Some("s1".into());
+        let (_, _, usage) = collect(engine.submit(first.clone()).await.unwrap()).await;
+        assert_eq!(usage.cached_prompt_tokens, 0);
+        first.arrived = Instant::now();
+        let (_, _, usage) = collect(engine.submit(first.clone()).await.unwrap()).await;
+        assert_eq!(
+            usage.cached_prompt_tokens, 20,
+            "the idle session's KV was reused"
+        );
+        // Another session needs the whole pool: s1 is evicted (offload by default), and s1
+        // coming back evicts s2 in turn.
+        let mut other = request(&engine, "x", 60);
+        other.session_id = Some("s2".into());
+        other.ignore_eos = true;
+        collect(engine.submit(other).await.unwrap()).await;
+        first.arrived = Instant::now();
+        let (_, _, usage) = collect(engine.submit(first).await.unwrap()).await;
+        assert_eq!(usage.cached_prompt_tokens, 0);
+        let text = metrics.encode().unwrap();
+        assert!(
+            text.contains("tidegate_engine_evictions_total{tier=\"default\",action=\"offload\"} 2"),
+            "{text}"
+        );
+        assert!(
+            text.contains("tidegate_engine_restores_total{source=\"host\"} 1"),
+            "{text}"
+        );
+    }
 }

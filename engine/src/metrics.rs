@@ -49,7 +49,8 @@ type HistogramFamily = Family<TierLabel, Histogram, fn() -> Histogram>;
 
 fn queue_wait_histogram() -> Histogram {
     Histogram::new([
-        0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.0, 4.0, 8.0, 15.0, 30.0, 60.0,
+        0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 0.75, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0, 8.0, 15.0,
+        30.0, 60.0,
     ])
 }
 
