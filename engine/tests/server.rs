@@ -653,3 +653,119 @@ async fn bad_request_corpus_never_5xx() {
     let resp = h.post(chat_path, chat("still here"), None).await;
     assert_eq!(resp.status(), 200);
 }
+
+#[tokio::test]
+async fn queue_wait_over_tier_target_gives_503() {
+    let fake = FakeConfig {
+        max_running: 1,
+        max_waiting: 8,
+        token_delay: Duration::from_millis(10),
+        ..FakeConfig::default()
+    };
+    let h = start(fake, ServerConfig::default()).await;
+    let policy = EnginePolicy {
+        tier_policy: Some(
+            serde_json::from_value(json!({
+                "tiers": [{"name": "batch", "queueWaitTarget": "200ms"}],
+                "defaultTier": "batch"
+            }))
+            .unwrap(),
+        ),
+        ..EnginePolicy::default()
+    };
+    h.push_policy(&policy).await;
+    let long = json!({"prompt": "a", "max_tokens": 200, "ignore_eos": true, "stream": true});
+    let running = h.post("/v1/completions", long, None).await;
+    assert_eq!(running.status(), 200);
+    let started = std::time::Instant::now();
+    let resp = h.post("/v1/chat/completions", chat("wait"), None).await;
+    assert_eq!(resp.status(), 503);
+    assert!(resp.headers().contains_key("retry-after"));
+    assert!(
+        started.elapsed() < Duration::from_secs(2),
+        "refused near the target"
+    );
+    let v: Value = resp.json().await.unwrap();
+    assert_eq!(v["error"]["code"], "queue_timeout");
+    drop(running);
+    let m = h.metrics().await;
+    assert!(
+        m.contains("tidegate_engine_rejections_total{reason=\"queue_timeout\"} 1"),
+        "{m}"
+    );
+}
+
+#[tokio::test]
+async fn session_header_reuses_retained_kv() {
+    let h = default_harness().await;
+    let mut usage = Vec::new();
+    for _ in 0..2 {
+        let resp = h
+            .client
+            .post(format!("{}/v1/chat/completions", h.base))
+            .header("x-session-id", "conv-1")
+            .body(chat("remember me").to_string())
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(resp.status(), 200);
+        let v: Value = resp.json().await.unwrap();
+        usage.push(
+            v["usage"]["prompt_tokens_details"]["cached_tokens"]
+                .as_u64()
+                .unwrap(),
+        );
+    }
+    assert_eq!(usage[0], 0);
+    assert!(usage[1] > 0, "{usage:?}");
+    // The same through the request field.
+    let mut body = json!({"prompt": "field session", "max_tokens": 4, "session_id": "conv-2"});
+    h.post("/v1/completions", body.clone(), None).await;
+    body["max_tokens"] = json!(5);
+    let v: Value = h
+        .post("/v1/completions", body, None)
+        .await
+        .json()
+        .await
+        .unwrap();
+    assert!(
+        v["usage"]["prompt_tokens_details"]["cached_tokens"]
+            .as_u64()
+            .unwrap()
+            > 0
+    );
+}
+
+#[tokio::test]
+async fn not_ready_while_loading() {
+    let fake = FakeConfig {
+        load_delay: Duration::from_millis(500),
+        ..FakeConfig::default()
+    };
+    let h = start(fake, ServerConfig::default()).await;
+    let ready = h
+        .client
+        .get(format!("{}/readyz", h.base))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(ready.status(), 503);
+    let health = h
+        .client
+        .get(format!("{}/healthz", h.base))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(health.status(), 200);
+    let resp = h.post("/v1/chat/completions", chat("early"), None).await;
+    assert_eq!(resp.status(), 503);
+    assert!(resp.headers().contains_key("retry-after"));
+    tokio::time::sleep(Duration::from_millis(600)).await;
+    let ready = h
+        .client
+        .get(format!("{}/readyz", h.base))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(ready.status(), 200);
+}
