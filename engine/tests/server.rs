@@ -769,3 +769,35 @@ async fn not_ready_while_loading() {
         .unwrap();
     assert_eq!(ready.status(), 200);
 }
+
+#[tokio::test]
+async fn stalled_upload_gets_408() {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let config = ServerConfig {
+        body_read_timeout: Duration::from_millis(300),
+        ..ServerConfig::default()
+    };
+    let h = start(FakeConfig::default(), config).await;
+    let addr = h.base.trim_start_matches("http://").to_string();
+    let mut conn = tokio::net::TcpStream::connect(addr).await.unwrap();
+    conn.write_all(
+        b"POST /v1/completions HTTP/1.1\r\nhost: x\r\ncontent-type: application/json\r\ncontent-length: 100\r\n\r\n{\"prompt\":",
+    )
+    .await
+    .unwrap();
+    let mut response = Vec::new();
+    let read = tokio::time::timeout(Duration::from_secs(5), async {
+        let mut buf = [0u8; 4096];
+        loop {
+            let n = conn.read(&mut buf).await.unwrap();
+            response.extend_from_slice(&buf[..n]);
+            if n == 0 || response.windows(4).any(|w| w == b"\r\n\r\n") {
+                break;
+            }
+        }
+    })
+    .await;
+    assert!(read.is_ok(), "answered");
+    let text = String::from_utf8_lossy(&response);
+    assert!(text.starts_with("HTTP/1.1 408"), "{text}");
+}

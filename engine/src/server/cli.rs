@@ -67,6 +67,9 @@ pub struct ServeArgs {
     /// Largest request body accepted, in bytes.
     #[arg(long, env = "TIDEGATE_MAX_BODY_BYTES", default_value_t = 1 << 20)]
     pub max_body_bytes: usize,
+    /// Time a client gets to send its whole request body (slow uploads get 408).
+    #[arg(long, env = "TIDEGATE_BODY_READ_TIMEOUT", default_value = "30s", value_parser = parse_duration)]
+    pub body_read_timeout: Duration,
     /// Grace period for in-flight requests on drain or SIGTERM (e.g. 30s).
     #[arg(long, env = "TIDEGATE_DRAIN_GRACE", default_value = "30s", value_parser = parse_duration)]
     pub drain_grace: Duration,
@@ -188,6 +191,7 @@ async fn serve(args: ServeArgs) -> anyhow::Result<()> {
     };
     let config = ServerConfig {
         max_body_bytes: args.max_body_bytes,
+        body_read_timeout: args.body_read_timeout,
         drain_grace: args.drain_grace,
         admin,
         initial_policy,

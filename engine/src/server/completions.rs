@@ -16,9 +16,9 @@ use std::time::{Instant, SystemTime, UNIX_EPOCH};
 
 use axum::Json;
 use axum::body::Bytes;
-use axum::extract::State;
 use axum::extract::rejection::BytesRejection;
-use axum::http::{HeaderMap, StatusCode};
+use axum::extract::{FromRequest, Request, State};
+use axum::http::StatusCode;
 use axum::response::sse::{Event, Sse};
 use axum::response::{IntoResponse, Response};
 use serde_json::{Value, json};
@@ -51,20 +51,28 @@ fn unix_secs() -> u64 {
         .unwrap_or(0)
 }
 
-pub async fn completions(
-    State(app): State<Arc<AppState>>,
-    headers: HeaderMap,
-    body: Result<Bytes, BytesRejection>,
-) -> Response {
-    handle(app, Endpoint::Completions, headers, body).await
+pub async fn completions(State(app): State<Arc<AppState>>, request: Request) -> Response {
+    handle(app, Endpoint::Completions, request).await
 }
 
-pub async fn chat_completions(
-    State(app): State<Arc<AppState>>,
-    headers: HeaderMap,
-    body: Result<Bytes, BytesRejection>,
-) -> Response {
-    handle(app, Endpoint::Chat, headers, body).await
+pub async fn chat_completions(State(app): State<Arc<AppState>>, request: Request) -> Response {
+    handle(app, Endpoint::Chat, request).await
+}
+
+/// Reads the body within the size limit (DefaultBodyLimit) and the read timeout, so a slow
+/// or stalled upload cannot hold a connection and its buffers forever.
+async fn read_body(app: &AppState, request: Request) -> Result<Bytes, ApiError> {
+    let limit = app.config.max_body_bytes;
+    match tokio::time::timeout(
+        app.config.body_read_timeout,
+        Bytes::from_request(request, &()),
+    )
+    .await
+    {
+        Ok(Ok(bytes)) => Ok(bytes),
+        Ok(Err(rejection)) => Err(body_error(rejection, limit)),
+        Err(_) => Err(ApiError::BodyTimeout(app.config.body_read_timeout)),
+    }
 }
 
 /// Maps a body extraction failure (size limit, broken stream) to an OpenAI error.
@@ -79,16 +87,11 @@ pub fn body_error(rejection: BytesRejection, limit: usize) -> ApiError {
     }
 }
 
-async fn handle(
-    app: Arc<AppState>,
-    endpoint: Endpoint,
-    headers: HeaderMap,
-    body: Result<Bytes, BytesRejection>,
-) -> Response {
+async fn handle(app: Arc<AppState>, endpoint: Endpoint, request: Request) -> Response {
     let arrived = Instant::now();
     let policy = app.policy.get();
     let mut tier_name = policy.spec.default_tier.clone();
-    match admit(&app, endpoint, &headers, body, arrived, &mut tier_name).await {
+    match admit(&app, endpoint, request, arrived, &mut tier_name).await {
         Ok(response) => response,
         Err(e) => {
             app.metrics.reject(e.metric_label());
@@ -106,8 +109,7 @@ async fn handle(
 async fn admit(
     app: &Arc<AppState>,
     endpoint: Endpoint,
-    headers: &HeaderMap,
-    body: Result<Bytes, BytesRejection>,
+    request: Request,
     arrived: Instant,
     tier_name: &mut String,
 ) -> Result<Response, ApiError> {
@@ -115,7 +117,9 @@ async fn admit(
     if !app.engine.is_ready() {
         return Err(ApiError::NotReady);
     }
-    let body = body.map_err(|r| body_error(r, app.config.max_body_bytes))?;
+    let headers = request.headers().clone();
+    let headers = &headers;
+    let body = read_body(app, request).await?;
     let policy = app.policy.get();
     let identity = policy.identify(headers)?;
     tier_name.clone_from(&identity.tier.name);
@@ -163,7 +167,7 @@ async fn admit(
         Ok(a) => a,
         Err(e) => {
             app.limiter
-                .refund(&identity.tenant, limits.as_ref(), u64::from(max_tokens));
+                .refund(&identity.tenant, limits.as_ref(), charged, true);
             return Err(e.into());
         }
     };
@@ -341,6 +345,7 @@ impl Generation {
             &self.identity.tenant,
             tier.rate_limits.as_ref(),
             u64::from(self.max_tokens.saturating_sub(self.completion_tokens)),
+            false,
         );
         tracing::info!(
             id = %self.id,

@@ -30,6 +30,8 @@ pub enum ApiError {
     UnknownModel(String),
     #[error("Request body is larger than the limit of {0} bytes")]
     TooLarge(usize),
+    #[error("The request body did not arrive within {0:?}")]
+    BodyTimeout(Duration),
     #[error("{0}")]
     Unauthorized(#[from] IdentityError),
     #[error("{0}")]
@@ -71,6 +73,7 @@ impl ApiError {
             ApiError::ContextLength(_) => "context_length",
             ApiError::UnknownModel(_) => "unknown_model",
             ApiError::TooLarge(_) => "body_too_large",
+            ApiError::BodyTimeout(_) => "body_timeout",
             ApiError::Unauthorized(e) => e.metric_label(),
             ApiError::RateLimited(e) => e.metric_label(),
             ApiError::NewTenantPaused { .. } => "new_tenant_paused",
@@ -89,6 +92,7 @@ impl ApiError {
             ApiError::InvalidRequest { .. } | ApiError::ContextLength(_) => StatusCode::BAD_REQUEST,
             ApiError::UnknownModel(_) | ApiError::NotFound(_) => StatusCode::NOT_FOUND,
             ApiError::TooLarge(_) => StatusCode::PAYLOAD_TOO_LARGE,
+            ApiError::BodyTimeout(_) => StatusCode::REQUEST_TIMEOUT,
             ApiError::Unauthorized(_) | ApiError::AdminUnauthorized => StatusCode::UNAUTHORIZED,
             ApiError::RateLimited(_) => StatusCode::TOO_MANY_REQUESTS,
             ApiError::NewTenantPaused { .. } | ApiError::Draining | ApiError::NotReady => {
@@ -114,6 +118,7 @@ impl ApiError {
             ApiError::ContextLength(_) => ("invalid_request_error", "context_length_exceeded"),
             ApiError::UnknownModel(_) => ("invalid_request_error", "model_not_found"),
             ApiError::TooLarge(_) => ("invalid_request_error", "request_too_large"),
+            ApiError::BodyTimeout(_) => ("invalid_request_error", "request_timeout"),
             ApiError::Unauthorized(_) | ApiError::AdminUnauthorized => {
                 ("authentication_error", "invalid_api_key")
             }

@@ -62,6 +62,8 @@ impl std::fmt::Debug for AdminAuth {
 pub struct ServerConfig {
     /// Requests with a larger body get 413.
     pub max_body_bytes: usize,
+    /// A request body that takes longer to arrive gets 408.
+    pub body_read_timeout: Duration,
     /// Grace for in-flight requests when a drain gives none.
     pub drain_grace: Duration,
     pub admin: AdminAuth,
@@ -73,6 +75,7 @@ impl Default for ServerConfig {
     fn default() -> Self {
         ServerConfig {
             max_body_bytes: 1 << 20,
+            body_read_timeout: Duration::from_secs(30),
             drain_grace: Duration::from_secs(30),
             admin: AdminAuth::Disabled,
             initial_policy: EnginePolicy::default(),

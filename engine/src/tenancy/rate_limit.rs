@@ -3,7 +3,8 @@
 //! Invariants: a bucket holds at most one minute of its limit and refills continuously; a
 //! request is charged on both buckets or on neither; a request costing more than a whole
 //! minute of tokens is charged the minute (it passes when the bucket is full, never starves);
-//! unused output tokens are refunded when a request ends. Memory is bounded: past
+//! unused output tokens are refunded when a request ends, and a request refused further
+//! down (queue full, queue timeout) is refunded whole. Memory is bounded: past
 //! `max_tenants` entries, full (idle) buckets are forgotten first.
 
 use std::collections::HashMap;
@@ -149,17 +150,26 @@ impl RateLimiter {
         Ok(())
     }
 
-    /// Gives back tokens charged but not used.
-    pub fn refund(&self, tenant: &str, limits: Option<&RateLimits>, tokens: u64) {
-        let Some(c) = limits.and_then(|l| cap(l.tokens_per_minute)) else {
+    /// Gives back tokens charged but not used, and the request itself when it was refused
+    /// downstream (queue full, queue timeout): a refusal does not cost the tenant.
+    pub fn refund(&self, tenant: &str, limits: Option<&RateLimits>, tokens: u64, request: bool) {
+        let Some(limits) = limits else {
             return;
         };
         let mut map = match self.tenants.lock() {
             Ok(g) => g,
             Err(p) => p.into_inner(),
         };
-        if let Some(b) = map.get_mut(tenant).and_then(|e| e.tokens.as_mut()) {
+        let Some(entry) = map.get_mut(tenant) else {
+            return;
+        };
+        if let (Some(c), Some(b)) = (cap(limits.tokens_per_minute), entry.tokens.as_mut()) {
             b.level = (b.level + tokens as f64).min(c);
+        }
+        if request
+            && let (Some(c), Some(b)) = (cap(limits.requests_per_minute), entry.requests.as_mut())
+        {
+            b.level = (b.level + 1.0).min(c);
         }
     }
 }
@@ -212,7 +222,7 @@ mod tests {
             "oversize passes when full"
         );
         assert!(rl.check("a", Some(&limits), 10, t0).is_err());
-        rl.refund("a", Some(&limits), 50);
+        rl.refund("a", Some(&limits), 50, false);
         assert!(rl.check("a", Some(&limits), 50, t0).is_ok());
         assert!(rl.check("x", None, 1_000_000, t0).is_ok());
     }
