@@ -23,7 +23,7 @@ use futures::future::BoxFuture;
 use tidegate_api::PressureAction;
 use tokio::sync::{mpsc, oneshot};
 
-use crate::generate::{
+use crate::backend::{
     Admitted, ChatMessage, Engine, FinishReason, GenerateRequest, ModelInfo, SubmitError,
     TokenEvent, TokenId, TokenSender, TokenizeError, Usage, token_channel,
 };
@@ -507,7 +507,7 @@ impl Loop {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::generate::TierParams;
+    use crate::backend::TierParams;
 
     fn request(engine: &FakeEngine, text: &str, max_tokens: u32) -> GenerateRequest {
         GenerateRequest {

@@ -1,7 +1,7 @@
 //! tidegate engine library.
+pub mod backend;
 pub mod bench;
 pub mod fake_engine;
-pub mod generate;
 pub mod metrics;
 pub mod server;
 pub mod tenancy;

@@ -16,8 +16,8 @@ use tidegate_api::engine_admin::EnginePolicy;
 use tokio::net::TcpListener;
 
 use super::{AdminAuth, ServerConfig};
+use crate::backend::Engine;
 use crate::fake_engine::{FakeConfig, FakeEngine};
-use crate::generate::Engine;
 use crate::metrics::Metrics;
 
 /// Log line format.

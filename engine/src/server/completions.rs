@@ -29,7 +29,7 @@ use super::drain::InFlight;
 use super::error::ApiError;
 use super::openai::{Endpoint, Prepared, prepare};
 use super::stop::StopMatcher;
-use crate::generate::{FinishReason, GenerateRequest, TokenEvent, TokenStream, Usage};
+use crate::backend::{FinishReason, GenerateRequest, TokenEvent, TokenStream, Usage};
 use crate::metrics::Metrics;
 use crate::tenancy::{Identity, registry::now_ms, tier_params};
 

@@ -13,7 +13,7 @@ use axum::http::{HeaderValue, StatusCode, header};
 use axum::response::{IntoResponse, Response};
 use serde_json::json;
 
-use crate::generate::SubmitError;
+use crate::backend::SubmitError;
 use crate::tenancy::IdentityError;
 use crate::tenancy::rate_limit::RateLimited;
 

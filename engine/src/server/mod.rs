@@ -1,5 +1,5 @@
 //! The engine's HTTP side: the OpenAI-compatible API, health, metrics, and the admin API
-//! on its own listener, all in front of an [`Engine`](crate::generate::Engine).
+//! on its own listener, all in front of an [`Engine`](crate::backend::Engine).
 //!
 //! Invariants: the admin API never listens without a token ([`AdminAuth::Token`]) — the
 //! only way to run without one is [`AdminAuth::Disabled`], which binds no admin listener;
@@ -31,7 +31,7 @@ use tidegate_api::engine_admin::{DrainStatus, EnginePolicy};
 use tokio::net::TcpListener;
 use tokio::task::JoinHandle;
 
-use crate::generate::Engine;
+use crate::backend::Engine;
 use crate::metrics::Metrics;
 use crate::tenancy::rate_limit::RateLimiter;
 use crate::tenancy::registry::FirstAdmissions;

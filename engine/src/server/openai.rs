@@ -8,7 +8,7 @@
 use serde::Deserialize;
 
 use super::error::ApiError;
-use crate::generate::{ChatMessage, Engine, SamplingParams, TokenId};
+use crate::backend::{ChatMessage, Engine, SamplingParams, TokenId};
 
 /// Longest session id accepted.
 const MAX_SESSION_ID: usize = 256;

@@ -19,7 +19,7 @@ use sha2::{Digest, Sha256};
 use tidegate_api::engine_admin::{AdmissionState, EnginePolicy};
 use tidegate_api::{Tier, TierPolicySpec};
 
-use crate::generate::TierParams;
+use crate::backend::TierParams;
 
 /// Tenant of requests that carry no identity.
 pub const ANONYMOUS: &str = "anonymous";
