@@ -95,7 +95,8 @@ pub struct GenerateRequest {
     /// Generate exactly `max_tokens`, ignoring EOS (benchmark clients send this).
     pub ignore_eos: bool,
     pub tier: TierParams,
-    /// Keys retained KV: a returning conversation reuses or restores it.
+    /// Keys retained KV: a returning conversation reuses or restores it. Already namespaced
+    /// by tenant (`<len>:<tenant>:<client session id>`), so equal keys mean the same tenant.
     pub session_id: Option<String>,
     /// When the server received the request (queue wait is measured from here).
     pub arrived: Instant,

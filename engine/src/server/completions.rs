@@ -160,7 +160,11 @@ async fn admit(
         sampling: prepared.sampling.clone(),
         ignore_eos: prepared.ignore_eos,
         tier: tier_params(&identity.tier),
-        session_id: prepared.session_id.clone(),
+        // Namespaced by tenant: one tenant's session id never reaches another's KV.
+        session_id: prepared
+            .session_id
+            .as_ref()
+            .map(|s| format!("{}:{}:{s}", identity.tenant.len(), identity.tenant)),
         arrived,
     };
     let admitted = match app.engine.submit(request).await {
