@@ -270,4 +270,9 @@ pub trait Engine: Send + Sync + 'static {
 
     /// Queues a request; resolves when it is admitted or refused (see the module note).
     fn submit(&self, req: GenerateRequest) -> BoxFuture<'static, Result<Admitted, SubmitError>>;
+
+    /// The tier policy in force, called at start and on every accepted push, so the
+    /// scheduler and KV cache can remap tiers (priorities, retention) by name. Requests
+    /// also carry their [`TierParams`]; an engine that needs nothing more can ignore this.
+    fn set_tier_policy(&self, _policy: &tidegate_api::TierPolicySpec) {}
 }

@@ -211,6 +211,30 @@ impl Metrics {
             .observe(seconds);
     }
 
+    /// Raises a counter to a cumulative total taken from a snapshot (the engine loop keeps
+    /// its own totals); a total below the counter's value changes nothing.
+    pub fn raise_to(counter: &Counter, total: u64) {
+        let now = counter.get();
+        if total > now {
+            counter.inc_by(total - now);
+        }
+    }
+
+    /// [`Metrics::raise_to`] for `evictions_total{tier, action}`.
+    pub fn evictions_total(&self, tier: &str, action: &'static str, total: u64) {
+        let counter = self.evictions.get_or_create_owned(&EvictionLabels {
+            tier: tier.to_string(),
+            action,
+        });
+        Self::raise_to(&counter, total);
+    }
+
+    /// [`Metrics::raise_to`] for `restores_total{source}`.
+    pub fn restores_total(&self, source: &'static str, total: u64) {
+        let counter = self.restores.get_or_create_owned(&RestoreLabel { source });
+        Self::raise_to(&counter, total);
+    }
+
     /// Prometheus text exposition.
     pub fn encode(&self) -> Result<String, std::fmt::Error> {
         if let Some(rss) = resident_memory_bytes() {
@@ -248,9 +272,9 @@ mod tests {
                 action: "drop",
             })
             .inc();
-        m.restores
-            .get_or_create(&RestoreLabel { source: "host" })
-            .inc();
+        m.restores_total("host", 1);
+        m.restores_total("host", 1);
+        Metrics::raise_to(&m.decode_tokens, 0);
         m.reject("queue_full");
         m.admission_paused
             .get_or_create(&TierLabel {

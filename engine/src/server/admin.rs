@@ -69,6 +69,7 @@ pub fn apply_policy(app: &AppState, compiled: CompiledPolicy) {
             })
             .set(i64::from(compiled.tier_paused(tier)));
     }
+    app.engine.set_tier_policy(&compiled.spec);
     app.policy.set(compiled);
 }
 
