@@ -6,6 +6,8 @@ Environment:
 Run: pip install openai pytest && pytest e2e/test_openai_client.py
 """
 
+import hashlib
+import json
 import os
 import socket
 import subprocess
@@ -49,14 +51,14 @@ def engine():
             proc.kill()
             raise RuntimeError("engine not ready in time")
         time.sleep(0.2)
-    yield base
+    yield {"base": base, "admin": f"http://127.0.0.1:{admin_port}"}
     proc.terminate()  # SIGTERM drains, then exits 0
     assert proc.wait(timeout=60) == 0
 
 
 @pytest.fixture(scope="module")
 def client(engine):
-    return OpenAI(base_url=f"{engine}/v1", api_key="sk-e2e", max_retries=0, timeout=120)
+    return OpenAI(base_url=f"{engine['base']}/v1", api_key="sk-e2e", max_retries=0, timeout=120)
 
 
 def model_id(client):
@@ -100,3 +102,53 @@ def test_unknown_model_is_a_clear_error(client):
     with pytest.raises(openai.NotFoundError) as e:
         client.chat.completions.create(model="no-such-model", messages=[{"role": "user", "content": "x"}])
     assert "no-such-model" in str(e.value)
+
+
+def push_policy(engine, policy):
+    req = urllib.request.Request(
+        f"{engine['admin']}/admin/v1/policy",
+        data=json.dumps(policy).encode(),
+        method="PUT",
+        headers={"authorization": "Bearer e2e-admin-token", "content-type": "application/json"},
+    )
+    with urllib.request.urlopen(req, timeout=10) as r:
+        assert r.status == 204
+
+
+def test_paused_admission_is_a_clear_refusal_for_new_tenants(engine, client):
+    import openai
+
+    digest = lambda key: hashlib.sha256(key.encode()).hexdigest()  # noqa: E731
+    policy = {
+        "tierPolicy": {
+            "tiers": [
+                {"name": "enterprise", "priority": 100, "admission": {"pausable": False}},
+                {"name": "free", "priority": 1},
+            ],
+            "defaultTier": "free",
+        },
+        "apiKeys": [
+            {"keySha256": digest("sk-new"), "tenant": "new-tenant", "tier": "free"},
+            {"keySha256": digest("sk-old"), "tenant": "old-tenant", "tier": "free"},
+            {"keySha256": digest("sk-ent"), "tenant": "ent-tenant", "tier": "enterprise"},
+        ],
+        "admission": {"state": "PausedNewTenants", "pausedTiers": ["free", "enterprise"],
+                      "retryAfterSeconds": 17, "reason": "pool at its ceiling"},
+        "admittedTenants": ["old-tenant"],
+    }
+    push_policy(engine, policy)
+    try:
+        base = f"{engine['base']}/v1"
+        msg = [{"role": "user", "content": "hi"}]
+        with pytest.raises(openai.APIStatusError) as e:
+            OpenAI(base_url=base, api_key="sk-new", max_retries=0).chat.completions.create(
+                model=model_id(client), messages=msg, max_tokens=4)
+        assert e.value.status_code == 503
+        assert e.value.response.headers["retry-after"] == "17"
+        assert e.value.body["type"] == "new_tenant_admission_paused"
+        for key in ("sk-old", "sk-ent"):
+            out = OpenAI(base_url=base, api_key=key, max_retries=0).chat.completions.create(
+                model=model_id(client), messages=msg, max_tokens=4)
+            assert out.choices[0].message.content
+    finally:
+        push_policy(engine, {})
