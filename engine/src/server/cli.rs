@@ -73,18 +73,18 @@ pub struct ServeArgs {
     /// Grace period for in-flight requests on drain or SIGTERM (e.g. 30s).
     #[arg(long, env = "TIDEGATE_DRAIN_GRACE", default_value = "30s", value_parser = parse_duration)]
     pub drain_grace: Duration,
+    /// Requests decoded together in one batched step.
+    #[arg(long, env = "TIDEGATE_MAX_BATCH_SIZE", default_value_t = 16)]
+    pub max_batch_size: usize,
+    /// Queue bound: requests waiting for admission beyond this are refused with 429.
+    #[arg(long, env = "TIDEGATE_MAX_QUEUED_REQUESTS", default_value_t = 64)]
+    pub max_queued_requests: usize,
     /// Log format.
     #[arg(long, env = "TIDEGATE_LOG_FORMAT", value_enum, default_value_t = LogFormat::Text)]
     pub log_format: LogFormat,
     /// Fake backend: time per batched decode step.
     #[arg(long, env = "TIDEGATE_FAKE_TOKEN_DELAY", default_value = "5ms", value_parser = parse_duration)]
     pub fake_token_delay: Duration,
-    /// Fake backend: requests decoded together.
-    #[arg(long, env = "TIDEGATE_FAKE_MAX_RUNNING", default_value_t = 16)]
-    pub fake_max_running: usize,
-    /// Fake backend: queue bound (requests waiting for admission).
-    #[arg(long, env = "TIDEGATE_FAKE_MAX_WAITING", default_value_t = 64)]
-    pub fake_max_waiting: usize,
     /// Fake backend: context length in tokens (characters).
     #[arg(long, env = "TIDEGATE_FAKE_CONTEXT_LENGTH", default_value_t = 4096)]
     pub fake_context_length: u32,
@@ -139,8 +139,8 @@ fn load_engine(args: &ServeArgs, metrics: &Arc<Metrics>) -> anyhow::Result<Arc<d
                 .unwrap_or_else(|| "fake".to_string()),
             context_length: args.fake_context_length,
             token_delay: args.fake_token_delay,
-            max_running: args.fake_max_running.max(1),
-            max_waiting: args.fake_max_waiting.max(1),
+            max_running: args.max_batch_size.max(1),
+            max_waiting: args.max_queued_requests.max(1),
             kv_blocks_total: args.fake_kv_blocks.max(1),
             block_size: 16,
             load_delay: args.fake_load_delay,
