@@ -17,18 +17,6 @@ use tokio::net::TcpListener;
 
 const TOKEN: &str = "admin-secret";
 
-/// JSON bodies without reqwest's `json` feature.
-trait JsonBody {
-    async fn json(self) -> Result<Value, String>;
-}
-
-impl JsonBody for reqwest::Response {
-    async fn json(self) -> Result<Value, String> {
-        let bytes = self.bytes().await.map_err(|e| e.to_string())?;
-        serde_json::from_slice(&bytes).map_err(|e| e.to_string())
-    }
-}
-
 struct Harness {
     base: String,
     admin: String,

@@ -5,6 +5,10 @@
 //! rules are CEL (`x-kubernetes-validations`) so a bad manifest is refused by the API server,
 //! not discovered later by the operator.
 
+// The kube derive takes one `printcolumn(...)`/`shortname` per column or name, which clippy
+// mistakes for duplicated attributes.
+#![allow(clippy::duplicated_attributes)]
+
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 

@@ -5,6 +5,10 @@
 //! so it builds without the `kube` feature. Invariants the API server enforces: tier names
 //! are unique DNS labels, and `defaultTier` names one of them.
 
+// The kube derive takes one `printcolumn(...)`/`shortname` per column or name, which clippy
+// mistakes for duplicated attributes.
+#![allow(clippy::duplicated_attributes)]
+
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 
