@@ -2,6 +2,7 @@
 
 pub mod crdgen;
 pub mod driver;
+pub mod k8s;
 pub mod plan;
 pub mod ports;
 pub mod registry;

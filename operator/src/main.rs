@@ -29,6 +29,8 @@ enum Command {
         #[arg(long)]
         check: bool,
     },
+    /// Run the operator against an API server (in a cluster or from a kubeconfig).
+    Run(tidegate_operator::k8s::run::RunArgs),
 }
 
 fn main() -> anyhow::Result<()> {
@@ -39,6 +41,7 @@ fn main() -> anyhow::Result<()> {
             stdout,
             check,
         } => crds(&root, stdout, check),
+        Command::Run(args) => tidegate_operator::k8s::run::main(args),
     }
 }
 
