@@ -562,10 +562,12 @@ async fn run(scenario: Scenario) -> Run {
         metrics.clone(),
     );
     ctx.clock = Arc::new(|| NOW);
+    let ctx = Arc::new(ctx);
+    let pool = Arc::new(scenario.pool());
     let verifier = tokio::spawn(verify(handle, scenario.calls()));
     let action = tokio::time::timeout(
         Duration::from_secs(10),
-        reconcile(Arc::new(scenario.pool()), Arc::new(ctx)),
+        reconcile(pool.clone(), ctx.clone()),
     )
     .await
     .expect("reconcile finished")
@@ -578,6 +580,13 @@ async fn run(scenario: Scenario) -> Run {
         .await
         .expect("verifier finished")
         .expect("verifier passed");
+    // A trigger within the interval (e.g. our own status patch) is debounced: no API call
+    // (the mock service is closed now, so any call would fail the reconcile).
+    let again = reconcile(pool, ctx).await.expect("debounced reconcile");
+    assert!(
+        !format!("{again:?}").contains("15s"),
+        "requeued for the remaining time: {again:?}"
+    );
     Run {
         events_refused,
         control,
