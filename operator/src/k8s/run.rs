@@ -48,8 +48,9 @@ pub enum Workload {
 /// Flags of `run` (each also from an environment variable).
 #[derive(Clone, Debug, clap::Args)]
 pub struct RunArgs {
-    /// Kubeconfig file; default: KUBECONFIG, ~/.kube/config, then the in-cluster account.
-    #[arg(long, env = "KUBECONFIG")]
+    /// Kubeconfig file; default: kube's inference (KUBECONFIG, ~/.kube/config, then the
+    /// in-cluster service account).
+    #[arg(long)]
     pub kubeconfig: Option<PathBuf>,
     /// Namespaces to watch, comma-separated; empty watches all.
     #[arg(long, env = "TIDEGATE_NAMESPACES", value_delimiter = ',')]
