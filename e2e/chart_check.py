@@ -207,7 +207,7 @@ def invariants(rendered: str, mode: str) -> None:
         ("", "secrets"): {"get", "list", "watch", "create", "patch"},
         ("", "configmaps"): {"get", "list", "watch", "create", "patch"},
         ("policy", "poddisruptionbudgets"): {"get", "list", "watch", "create", "patch"},
-        ("", "pods"): {"get", "list", "watch"},
+        ("", "pods"): {"get", "list", "watch", "patch"},
         ("", "events"): {"create", "patch"},
         ("events.k8s.io", "events"): {"create", "patch"},
     }

@@ -197,7 +197,7 @@ wait "$LOAD_PID"
 
 # --- Load gone: admission reopens after the hold time; scale-down drains.
 streams=()
-n=$(python3 -c "import json;print(len(json.load(open('$TARGETS'))[0]['targets']))")
+n=$(python3 -c "import json;print(sum(len(g['targets']) for g in json.load(open('$TARGETS'))))")
 for i in $(seq 0 $((n - 1))); do
     python3 e2e/load.py stream --targets "$TARGETS" --index "$i" --tokens 300 >"$WORK/stream-drain-$i.txt" 2>&1 &
     streams+=("$!")

@@ -4,6 +4,7 @@ pub mod crdgen;
 pub mod direct_metrics;
 pub mod driver;
 pub mod engine_client;
+pub mod k8s;
 pub mod local;
 pub mod plan;
 pub mod ports;

@@ -29,6 +29,8 @@ enum Command {
         #[arg(long)]
         check: bool,
     },
+    /// Run the operator against an API server (in a cluster or from a kubeconfig).
+    Run(tidegate_operator::k8s::run::RunArgs),
     /// Run tidegate on this machine: engine processes, the real control loop, and a tidal
     /// load that shows the pool scale up, pause new tenants at its ceiling, and recover.
     Local(tidegate_operator::local::LocalArgs),
@@ -42,6 +44,7 @@ fn main() -> anyhow::Result<()> {
             stdout,
             check,
         } => crds(&root, stdout, check),
+        Command::Run(args) => tidegate_operator::k8s::run::main(args),
         Command::Local(args) => {
             init_logs();
             tokio::runtime::Runtime::new()?.block_on(tidegate_operator::local::run(args))

@@ -94,10 +94,12 @@ grant exactly the same thing.
 - apiGroups: ["policy"]
   resources: ["poddisruptionbudgets"]
   verbs: ["get", "list", "watch", "create", "patch"]
-# Engine pods: readiness, and their addresses for the admin API (drain before scale-down).
+# Engine pods: readiness, and their addresses for the admin API (drain before scale-down);
+# patch sets controller.kubernetes.io/pod-deletion-cost on a drained pod so the ReplicaSet
+# removes it and not one still serving.
 - apiGroups: [""]
   resources: ["pods"]
-  verbs: ["get", "list", "watch"]
+  verbs: ["get", "list", "watch", "patch"]
 # Events on pools (scaling decisions, admission pause and resume).
 - apiGroups: [""]
   resources: ["events"]

@@ -401,7 +401,8 @@ fn ensure_model(
     Ok(())
 }
 
-fn random_token() -> String {
+/// A fresh admin token for engines started on this machine.
+pub fn random_token() -> String {
     use std::hash::{BuildHasher, Hasher};
     let mut out = String::new();
     for _ in 0..4 {

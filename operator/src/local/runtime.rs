@@ -32,7 +32,7 @@ pub struct LocalRuntimeConfig {
     /// Extra arguments for every engine (after the pool's own extraArgs).
     pub extra_args: Vec<String>,
     /// When set, the engines' /metrics targets are written here in Prometheus file_sd
-    /// format (labels `namespace` and `pool`), so a real Prometheus can scrape them.
+    /// format (labels `namespace`, `pool` and `pod`), so a real Prometheus can scrape them.
     pub file_sd_path: Option<PathBuf>,
 }
 
@@ -162,12 +162,15 @@ impl LocalRuntime {
             return;
         };
         let pools = self.pools.lock().await;
+        // One group per replica, labelled as the chart's PodMonitor labels pods in a cluster.
         let groups: Vec<serde_json::Value> = pools
             .iter()
-            .map(|(pref, p)| {
-                serde_json::json!({
-                    "targets": p.replicas.iter().map(|r| format!("127.0.0.1:{}", r.api_port)).collect::<Vec<_>>(),
-                    "labels": { "namespace": pref.namespace, "pool": pref.name },
+            .flat_map(|(pref, p)| {
+                p.replicas.iter().map(move |r| {
+                    serde_json::json!({
+                        "targets": [format!("127.0.0.1:{}", r.api_port)],
+                        "labels": { "namespace": pref.namespace, "pool": pref.name, "pod": r.name },
+                    })
                 })
             })
             .collect();

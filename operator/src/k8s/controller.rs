@@ -1,0 +1,402 @@
+//! The InferencePool controller: a thin reconcile around `Driver::tick`.
+//!
+//! reconcile(pool): record its owner reference → load its TierPolicy (missing: Ready=False
+//! TierPolicyNotFound, reconcile on with no tiers) → read API keys from the policy's Secret
+//! → tick the driver (observe, measure, plan, drain, act, push, persist) → re-apply the
+//! workload when the spec changed without a replica change → patch status → publish plan
+//! events → record metrics → requeue after spec.scaling.interval.
+//!
+//! Invariants:
+//! - At most one tick per pool per interval: watch events that arrive sooner (our own status
+//!   patch, owned-object churn) are debounced unless the pool's generation changed or its
+//!   TierPolicy changed. This keeps status patches from re-triggering reconciles in a loop.
+//! - The driver is shared by all pools behind one async mutex: ticks are serialized, which
+//!   keeps the engine pushes and registry writes of one pool from racing.
+//! - Events never fail a reconcile (see `events`).
+
+use std::collections::{HashMap, HashSet};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use k8s_openapi::api::core::v1::Secret;
+use kube::api::{Patch, PatchParams};
+use kube::runtime::controller::Action;
+use kube::{Api, Client, Resource, ResourceExt};
+use tidegate_api::conditions::{reasons, status as cstatus, types};
+use tidegate_api::engine_admin::ApiKeyEntry;
+use tidegate_api::status::InferencePoolStatus;
+use tidegate_api::{InferencePool, TierPolicy, TierPolicySpec};
+use tokio::sync::Mutex as AsyncMutex;
+use tracing::{info, warn};
+
+use super::api_keys::parse_api_keys;
+use super::events::EventSink;
+use super::metrics::OperatorMetrics;
+use super::owners::OwnerBook;
+use crate::driver::{Driver, DriverError, TickOutcome};
+use crate::plan::{ConditionPlan, Millis, merge_conditions};
+use crate::ports::{EngineControl, MetricsSource, PoolRef, RegistryStore, WorkloadRuntime};
+
+/// Wall clock in Unix milliseconds (injectable for tests).
+pub type Clock = Arc<dyn Fn() -> Millis + Send + Sync>;
+
+/// The system clock.
+pub fn system_clock() -> Clock {
+    Arc::new(|| {
+        std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map(|d| d.as_millis() as u64)
+            .unwrap_or(0)
+    })
+}
+
+/// Why a reconcile failed (retried with backoff).
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    #[error("kubernetes API: {0}")]
+    Kube(#[from] kube::Error),
+    #[error(transparent)]
+    Driver(#[from] DriverError),
+    #[error("InferencePool has no namespace")]
+    NoNamespace,
+    #[error("status: {0}")]
+    Serialize(#[from] serde_json::Error),
+}
+
+impl Error {
+    /// The `reason` label of tidegate_operator_reconcile_errors_total.
+    pub fn metric_label(&self) -> &'static str {
+        match self {
+            Error::Kube(_) => "kube",
+            Error::Driver(d) => d.metric_label(),
+            Error::NoNamespace => "invalid",
+            Error::Serialize(_) => "serialize",
+        }
+    }
+}
+
+/// Per-pool bookkeeping of the controller (not of the planner).
+#[derive(Default)]
+struct PoolBook {
+    /// When the last tick ran, and for which generation.
+    last_tick: Option<(Instant, Option<i64>)>,
+    /// Generation whose spec the workload was last applied with.
+    applied_generation: Option<i64>,
+    /// Consecutive failures, for backoff.
+    failures: u32,
+}
+
+/// Everything reconcile needs.
+pub struct Context<W, M, E, R> {
+    pub client: Client,
+    pub driver: AsyncMutex<Driver<W, M, E, R>>,
+    pub owners: OwnerBook,
+    pub events: EventSink,
+    pub metrics: Arc<OperatorMetrics>,
+    pub clock: Clock,
+    /// Pools whose TierPolicy changed since their last tick (skip the debounce).
+    pub dirty: Arc<Mutex<HashSet<PoolRef>>>,
+    /// Read API keys from Secrets (off where the API server has no Secrets).
+    pub read_secrets: bool,
+    books: Mutex<HashMap<PoolRef, PoolBook>>,
+}
+
+impl<W, M, E, R> Context<W, M, E, R>
+where
+    W: WorkloadRuntime,
+    M: MetricsSource,
+    E: EngineControl,
+    R: RegistryStore,
+{
+    /// A context; `owners` must be the book the runtime and registry were built with.
+    pub fn new(
+        client: Client,
+        driver: Driver<W, M, E, R>,
+        owners: OwnerBook,
+        events: EventSink,
+        metrics: Arc<OperatorMetrics>,
+    ) -> Self {
+        Context {
+            client,
+            driver: AsyncMutex::new(driver),
+            owners,
+            events,
+            metrics,
+            clock: system_clock(),
+            dirty: Arc::default(),
+            read_secrets: true,
+            books: Mutex::new(HashMap::new()),
+        }
+    }
+
+    fn with_book<T>(&self, pool: &PoolRef, f: impl FnOnce(&mut PoolBook) -> T) -> T {
+        let mut books = self.books.lock().unwrap_or_else(|p| p.into_inner());
+        f(books.entry(pool.clone()).or_default())
+    }
+
+    /// Pools this controller has reconciled.
+    pub fn known_pools(&self) -> Vec<PoolRef> {
+        let books = self.books.lock().unwrap_or_else(|p| p.into_inner());
+        books.keys().cloned().collect()
+    }
+
+    /// Forgets a deleted pool everywhere.
+    pub async fn forget(&self, pool: &PoolRef) {
+        self.driver.lock().await.forget(pool);
+        self.owners.forget(pool);
+        self.metrics.forget(pool);
+        let mut books = self.books.lock().unwrap_or_else(|p| p.into_inner());
+        books.remove(pool);
+    }
+}
+
+/// The pool's tick interval.
+fn interval(pool: &InferencePool) -> Duration {
+    pool.spec
+        .scaling
+        .interval
+        .as_std()
+        .max(Duration::from_secs(1))
+}
+
+/// Loads the pool's TierPolicy: Ok(None) when it has no reference, Err(name) when the
+/// referenced policy does not exist.
+async fn load_policy(
+    client: &Client,
+    ns: &str,
+    pool: &InferencePool,
+) -> Result<Result<Option<TierPolicySpec>, String>, kube::Error> {
+    let Some(r) = &pool.spec.tier_policy_ref else {
+        return Ok(Ok(None));
+    };
+    let api: Api<TierPolicy> = Api::namespaced(client.clone(), ns);
+    Ok(match api.get_opt(&r.name).await? {
+        Some(tp) => Ok(Some(tp.spec)),
+        None => Err(r.name.clone()),
+    })
+}
+
+/// API keys of a policy; problems are logged and yield no keys (requests then fall to the
+/// default tier or the gateway headers).
+async fn load_api_keys(
+    client: &Client,
+    ns: &str,
+    pool: &PoolRef,
+    policy: &TierPolicySpec,
+) -> Vec<ApiKeyEntry> {
+    let Some(src) = &policy.tenancy.api_keys else {
+        return Vec::new();
+    };
+    let api: Api<Secret> = Api::namespaced(client.clone(), ns);
+    let secret = match api.get_opt(&src.secret_name).await {
+        Ok(Some(s)) => s,
+        Ok(None) => {
+            warn!(pool = %pool, secret = %src.secret_name, "API key Secret not found; no API keys");
+            return Vec::new();
+        }
+        Err(e) => {
+            warn!(pool = %pool, secret = %src.secret_name, error = %e, "cannot read the API key Secret; no API keys");
+            return Vec::new();
+        }
+    };
+    let text = secret
+        .data
+        .as_ref()
+        .and_then(|d| d.get(&src.key))
+        .map(|b| String::from_utf8_lossy(&b.0).into_owned())
+        .unwrap_or_default();
+    let tiers: Vec<&str> = policy.tiers.iter().map(|t| t.name.as_str()).collect();
+    parse_api_keys(&text, &tiers).unwrap_or_else(|e| {
+        warn!(pool = %pool, secret = %src.secret_name, key = %src.key, error = %e, "API keys refused; no API keys");
+        Vec::new()
+    })
+}
+
+/// Ready=False TierPolicyNotFound, keeping lastTransitionTime if it was already so.
+fn mark_policy_missing(
+    status: &mut InferencePoolStatus,
+    previous: Option<&InferencePoolStatus>,
+    policy: &str,
+    now: Millis,
+    generation: Option<i64>,
+) {
+    let planned = [ConditionPlan {
+        type_: types::READY,
+        status: cstatus::FALSE,
+        reason: reasons::TIER_POLICY_NOT_FOUND,
+        message: format!(
+            "TierPolicy {policy:?} not found in this namespace; serving with a single default tier"
+        ),
+    }];
+    let prev = previous.map(|p| p.conditions.as_slice()).unwrap_or(&[]);
+    let merged = merge_conditions(prev, &planned, now, generation);
+    status.conditions.retain(|c| c.type_ != types::READY);
+    status
+        .conditions
+        .extend(merged.into_iter().filter(|c| c.type_ == types::READY));
+}
+
+/// Whether the driver already applied the workload this tick.
+fn driver_applied(outcome: &TickOutcome) -> bool {
+    let current = outcome.workload.replicas;
+    current.is_none() || (outcome.draining.is_empty() && Some(outcome.plan.replicas) != current)
+}
+
+/// Reconciles one InferencePool.
+pub async fn reconcile<W, M, E, R>(
+    pool: Arc<InferencePool>,
+    ctx: Arc<Context<W, M, E, R>>,
+) -> Result<Action, Error>
+where
+    W: WorkloadRuntime,
+    M: MetricsSource,
+    E: EngineControl,
+    R: RegistryStore,
+{
+    let ns = pool.namespace().ok_or(Error::NoNamespace)?;
+    let pref = PoolRef {
+        namespace: ns.clone(),
+        name: pool.name_any(),
+    };
+    if pool.meta().deletion_timestamp.is_some() {
+        ctx.forget(&pref).await;
+        return Ok(Action::await_change());
+    }
+    let every = interval(&pool);
+    let generation = pool.meta().generation;
+
+    // Debounce: one tick per interval unless the spec or the policy changed.
+    let forced = ctx
+        .dirty
+        .lock()
+        .map(|mut d| d.remove(&pref))
+        .unwrap_or(false);
+    let wait = ctx.with_book(&pref, |b| match b.last_tick {
+        Some((at, g)) if g == generation && !forced => every.checked_sub(at.elapsed()),
+        _ => None,
+    });
+    if let Some(wait) = wait.filter(|w| *w > Duration::from_millis(500)) {
+        return Ok(Action::requeue(wait));
+    }
+
+    ctx.owners.record(&pool);
+    let policy = load_policy(&ctx.client, &ns, &pool).await?;
+    let (tiers, missing_policy) = match policy {
+        Ok(t) => (t, None),
+        Err(name) => (None, Some(name)),
+    };
+    let keys = match (&tiers, ctx.read_secrets) {
+        (Some(t), true) => load_api_keys(&ctx.client, &ns, &pref, t).await,
+        _ => Vec::new(),
+    };
+
+    let now = (ctx.clock)();
+    let previous = pool.status.as_ref();
+    let (outcome, reapplied) = {
+        let mut driver = ctx.driver.lock().await;
+        let outcome = driver
+            .tick(
+                &pref,
+                &pool.spec,
+                tiers.as_ref(),
+                &keys,
+                previous,
+                generation,
+                now,
+            )
+            .await?;
+        // A spec change (image, resources…) that did not change replicas still rolls out.
+        let applied_gen = ctx.with_book(&pref, |b| b.applied_generation);
+        let mut reapplied = false;
+        if driver_applied(&outcome) {
+            ctx.with_book(&pref, |b| b.applied_generation = generation);
+        } else if applied_gen != generation
+            && let Some(current) = outcome.workload.replicas
+        {
+            driver
+                .runtime
+                .apply(&pref, &pool.spec, current, &[])
+                .await
+                .map_err(DriverError::from)?;
+            ctx.with_book(&pref, |b| b.applied_generation = generation);
+            reapplied = true;
+        }
+        (outcome, reapplied)
+    };
+
+    let mut status = outcome.status.clone();
+    if let Some(name) = &missing_policy {
+        mark_policy_missing(&mut status, previous, name, now, generation);
+    }
+    let api: Api<InferencePool> = Api::namespaced(ctx.client.clone(), &ns);
+    let patch = serde_json::json!({ "status": status });
+    api.patch_status(&pref.name, &PatchParams::default(), &Patch::Merge(&patch))
+        .await?;
+
+    ctx.events
+        .publish(&pool.object_ref(&()), &outcome.plan.events)
+        .await;
+    ctx.metrics.reconciles.inc();
+    ctx.metrics.record(&pref, &outcome);
+    ctx.with_book(&pref, |b| {
+        b.last_tick = Some((Instant::now(), generation));
+        b.failures = 0;
+    });
+    info!(
+        pool = %pref,
+        replicas = outcome.workload.replicas.unwrap_or(0),
+        ready = outcome.workload.ready_replicas,
+        desired = outcome.plan.desired_replicas,
+        admission = outcome.plan.admission.state.as_str(),
+        tier_policy_missing = missing_policy.is_some(),
+        reapplied,
+        decision = %outcome.plan.explanation,
+        "reconciled"
+    );
+    Ok(Action::requeue(every))
+}
+
+/// Backoff after a failed reconcile: 5s, 10s, 20s… capped at 5 minutes.
+pub fn backoff(failures: u32) -> Duration {
+    let secs = 5u64.saturating_mul(1u64 << failures.saturating_sub(1).min(6));
+    Duration::from_secs(secs.min(300))
+}
+
+/// Counts the error and requeues with backoff.
+pub fn error_policy<W, M, E, R>(
+    pool: Arc<InferencePool>,
+    error: &Error,
+    ctx: Arc<Context<W, M, E, R>>,
+) -> Action
+where
+    W: WorkloadRuntime,
+    M: MetricsSource,
+    E: EngineControl,
+    R: RegistryStore,
+{
+    ctx.metrics.error(error.metric_label());
+    let pref = PoolRef {
+        namespace: pool.namespace().unwrap_or_default(),
+        name: pool.name_any(),
+    };
+    let failures = ctx.with_book(&pref, |b| {
+        b.failures = b.failures.saturating_add(1);
+        b.failures
+    });
+    let wait = backoff(failures);
+    warn!(pool = %pref, error = %error, reason = error.metric_label(), retry_in_s = wait.as_secs(), "reconcile failed");
+    Action::requeue(wait)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn backoff_grows_and_caps() {
+        assert_eq!(backoff(1), Duration::from_secs(5));
+        assert_eq!(backoff(2), Duration::from_secs(10));
+        assert_eq!(backoff(3), Duration::from_secs(20));
+        assert_eq!(backoff(30), Duration::from_secs(300));
+    }
+}

@@ -1,0 +1,382 @@
+//! The engine Deployment of a pool (pure builder, no I/O).
+//!
+//! Invariants:
+//! - The selector is `selector_labels(pool)` and never changes (a Deployment's selector is
+//!   immutable).
+//! - The pod runs restricted: non-root, read-only root filesystem, no privilege escalation,
+//!   seccomp RuntimeDefault, all capabilities dropped, no service-account token.
+//! - terminationGracePeriodSeconds = preStop sleep + spec.engine.drainGracePeriod + margin, so
+//!   a pod removed on scale-down finishes its in-flight requests (the engine drains on SIGTERM).
+//! - The rollout never runs more pods than replicas (maxSurge 0): a GPU budget is never exceeded.
+//!
+//! Engine knobs without a command-line flag travel as environment variables:
+//! `TIDEGATE_KV_MEMORY_FRACTION`, `TIDEGATE_KV_HOST_OFFLOAD`, `TIDEGATE_KV_DISK_OFFLOAD_DIR`,
+//! `TIDEGATE_KV_DISK_OFFLOAD`.
+
+use std::collections::BTreeMap;
+
+use k8s_openapi::api::apps::v1::{
+    Deployment, DeploymentSpec, DeploymentStrategy, RollingUpdateDeployment,
+};
+use k8s_openapi::api::core::v1::{
+    Capabilities, Container, ContainerPort, EmptyDirVolumeSource, EnvVar, EnvVarSource,
+    HTTPGetAction, Lifecycle, LifecycleHandler, PersistentVolumeClaimVolumeSource,
+    PodSecurityContext, PodSpec, PodTemplateSpec, Probe, ResourceRequirements, SeccompProfile,
+    SecretKeySelector, SecurityContext, SleepAction, Volume, VolumeMount,
+};
+use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{LabelSelector, ObjectMeta, OwnerReference};
+use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
+use tidegate_api::InferencePoolSpec;
+
+use super::{
+    ADMIN_PORT, ADMIN_TOKEN_KEY, HTTP_PORT, admin_secret_name, common_labels, selector_labels,
+};
+
+/// Seconds the preStop hook waits so that endpoints drop the pod before SIGTERM.
+pub const PRESTOP_SLEEP_SECONDS: i64 = 5;
+/// Extra seconds beyond the drain grace before the kubelet kills the engine.
+pub const TERMINATION_MARGIN_SECONDS: i64 = 10;
+/// Where a `pvc://` model volume is mounted.
+pub const MODEL_MOUNT: &str = "/model";
+/// Where the disk KV-offload emptyDir is mounted.
+pub const KV_OFFLOAD_MOUNT: &str = "/var/cache/tidegate/kv";
+/// Non-root uid/gid the engine runs as.
+pub const ENGINE_UID: i64 = 65532;
+
+/// Why a pool's spec cannot be turned into a Deployment.
+#[derive(Debug, thiserror::Error)]
+#[error("spec.model.uri {0:?}: expected file:///PATH or pvc://CLAIM/PATH")]
+pub struct BadModelUri(pub String);
+
+/// Where the weights come from, inside the pod.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ModelLocation {
+    /// Path passed to `--model`.
+    pub path: String,
+    /// A PVC to mount read-only at MODEL_MOUNT.
+    pub claim: Option<String>,
+}
+
+/// Parses spec.model.uri: `file:///models/x` → path `/models/x`; `pvc://claim/sub/dir` →
+/// claim `claim` mounted read-only at MODEL_MOUNT, path `/model/sub/dir`.
+pub fn model_location(uri: &str) -> Result<ModelLocation, BadModelUri> {
+    let bad = || BadModelUri(uri.to_string());
+    if let Some(path) = uri.strip_prefix("file://") {
+        if !path.starts_with('/') || path.len() < 2 {
+            return Err(bad());
+        }
+        return Ok(ModelLocation {
+            path: path.to_string(),
+            claim: None,
+        });
+    }
+    if let Some(rest) = uri.strip_prefix("pvc://") {
+        let (claim, sub) = rest.split_once('/').unwrap_or((rest, ""));
+        if claim.is_empty() || sub.split('/').any(|s| s == "..") {
+            return Err(bad());
+        }
+        let sub = sub.trim_matches('/');
+        let path = if sub.is_empty() {
+            MODEL_MOUNT.to_string()
+        } else {
+            format!("{MODEL_MOUNT}/{sub}")
+        };
+        return Ok(ModelLocation {
+            path,
+            claim: Some(claim.to_string()),
+        });
+    }
+    Err(bad())
+}
+
+/// terminationGracePeriodSeconds for a pool.
+pub fn termination_grace_seconds(spec: &InferencePoolSpec) -> i64 {
+    let drain = spec.engine.drain_grace_period.as_std().as_secs_f64().ceil() as i64;
+    PRESTOP_SLEEP_SECONDS + drain + TERMINATION_MARGIN_SECONDS
+}
+
+/// The engine's command-line arguments.
+pub fn engine_args(spec: &InferencePoolSpec, model_path: &str) -> Vec<String> {
+    let e = &spec.engine;
+    let drain = e.drain_grace_period.as_std().as_secs_f64().ceil() as u64;
+    let mut args = vec![
+        "serve".to_string(),
+        "--model".to_string(),
+        model_path.to_string(),
+        "--served-model-name".to_string(),
+        spec.model.name.clone(),
+        "--listen".to_string(),
+        format!("0.0.0.0:{HTTP_PORT}"),
+        "--admin-listen".to_string(),
+        format!("0.0.0.0:{ADMIN_PORT}"),
+        "--max-batch-size".to_string(),
+        e.max_batch_size.to_string(),
+        "--max-batch-tokens".to_string(),
+        e.max_batch_tokens.to_string(),
+        "--max-queued-requests".to_string(),
+        e.max_queued_requests.to_string(),
+        "--kv-block-tokens".to_string(),
+        e.kv_cache.block_tokens.to_string(),
+        "--drain-grace".to_string(),
+        format!("{drain}s"),
+        "--log-format".to_string(),
+        "json".to_string(),
+    ];
+    if let Some(ctx) = spec.model.max_context_tokens {
+        args.push("--max-context-tokens".to_string());
+        args.push(ctx.to_string());
+    }
+    args.extend(e.extra_args.iter().cloned());
+    args
+}
+
+fn env(name: &str, value: impl Into<String>) -> EnvVar {
+    EnvVar {
+        name: name.to_string(),
+        value: Some(value.into()),
+        ..EnvVar::default()
+    }
+}
+
+fn engine_env(pool: &str, spec: &InferencePoolSpec) -> Vec<EnvVar> {
+    let kv = &spec.engine.kv_cache;
+    let mut vars = vec![
+        EnvVar {
+            name: "TIDEGATE_ADMIN_TOKEN".to_string(),
+            value_from: Some(EnvVarSource {
+                secret_key_ref: Some(SecretKeySelector {
+                    name: admin_secret_name(pool),
+                    key: ADMIN_TOKEN_KEY.to_string(),
+                    optional: Some(false),
+                }),
+                ..EnvVarSource::default()
+            }),
+            ..EnvVar::default()
+        },
+        env(
+            "TIDEGATE_KV_MEMORY_FRACTION",
+            kv.memory_fraction.to_string(),
+        ),
+    ];
+    if let Some(host) = &kv.host_offload {
+        vars.push(env("TIDEGATE_KV_HOST_OFFLOAD", host.0.clone()));
+    }
+    if let Some(disk) = &kv.disk_offload {
+        vars.push(env("TIDEGATE_KV_DISK_OFFLOAD_DIR", KV_OFFLOAD_MOUNT));
+        vars.push(env("TIDEGATE_KV_DISK_OFFLOAD", disk.0.clone()));
+    }
+    vars
+}
+
+/// Requests = limits: CPU and memory when given, and nvidia.com/gpu when gpus > 0.
+pub fn engine_resources(spec: &InferencePoolSpec) -> ResourceRequirements {
+    let r = &spec.engine.resources;
+    let mut amounts = BTreeMap::new();
+    if r.gpus > 0 {
+        amounts.insert("nvidia.com/gpu".to_string(), Quantity(r.gpus.to_string()));
+    }
+    if let Some(cpu) = &r.cpu {
+        amounts.insert("cpu".to_string(), Quantity(cpu.0.clone()));
+    }
+    if let Some(mem) = &r.memory {
+        amounts.insert("memory".to_string(), Quantity(mem.0.clone()));
+    }
+    ResourceRequirements {
+        limits: Some(amounts.clone()).filter(|a| !a.is_empty()),
+        requests: Some(amounts).filter(|a| !a.is_empty()),
+        ..ResourceRequirements::default()
+    }
+}
+
+/// The restricted container securityContext.
+pub fn container_security_context() -> SecurityContext {
+    SecurityContext {
+        run_as_non_root: Some(true),
+        run_as_user: Some(ENGINE_UID),
+        run_as_group: Some(ENGINE_UID),
+        read_only_root_filesystem: Some(true),
+        allow_privilege_escalation: Some(false),
+        privileged: Some(false),
+        capabilities: Some(Capabilities {
+            drop: Some(vec!["ALL".to_string()]),
+            add: None,
+        }),
+        seccomp_profile: Some(SeccompProfile {
+            type_: "RuntimeDefault".to_string(),
+            localhost_profile: None,
+        }),
+        ..SecurityContext::default()
+    }
+}
+
+fn pod_security_context() -> PodSecurityContext {
+    PodSecurityContext {
+        run_as_non_root: Some(true),
+        run_as_user: Some(ENGINE_UID),
+        run_as_group: Some(ENGINE_UID),
+        fs_group: Some(ENGINE_UID),
+        seccomp_profile: Some(SeccompProfile {
+            type_: "RuntimeDefault".to_string(),
+            localhost_profile: None,
+        }),
+        ..PodSecurityContext::default()
+    }
+}
+
+fn http_probe(path: &str, period: i32, failures: i32) -> Probe {
+    Probe {
+        http_get: Some(HTTPGetAction {
+            path: Some(path.to_string()),
+            port: IntOrString::String("http".to_string()),
+            ..HTTPGetAction::default()
+        }),
+        period_seconds: Some(period),
+        timeout_seconds: Some(2),
+        failure_threshold: Some(failures),
+        ..Probe::default()
+    }
+}
+
+fn empty_dir(name: &str, size: Option<&str>) -> Volume {
+    Volume {
+        name: name.to_string(),
+        empty_dir: Some(EmptyDirVolumeSource {
+            size_limit: size.map(|s| Quantity(s.to_string())),
+            medium: None,
+        }),
+        ..Volume::default()
+    }
+}
+
+fn mount(name: &str, path: &str, read_only: bool) -> VolumeMount {
+    VolumeMount {
+        name: name.to_string(),
+        mount_path: path.to_string(),
+        read_only: Some(read_only),
+        ..VolumeMount::default()
+    }
+}
+
+/// Prometheus scrape annotations of the engine pods (for annotation-based scrape configs;
+/// the chart's PodMonitor selects the pods by label instead).
+pub fn scrape_annotations() -> BTreeMap<String, String> {
+    BTreeMap::from([
+        ("prometheus.io/scrape".to_string(), "true".to_string()),
+        ("prometheus.io/port".to_string(), HTTP_PORT.to_string()),
+        ("prometheus.io/path".to_string(), "/metrics".to_string()),
+    ])
+}
+
+/// The engine pod template.
+pub fn pod_template(pool: &str, spec: &InferencePoolSpec) -> Result<PodTemplateSpec, BadModelUri> {
+    let model = model_location(&spec.model.uri)?;
+    let mut volumes = vec![empty_dir("tmp", Some("1Gi"))];
+    let mut mounts = vec![mount("tmp", "/tmp", false)];
+    if let Some(claim) = &model.claim {
+        volumes.push(Volume {
+            name: "model".to_string(),
+            persistent_volume_claim: Some(PersistentVolumeClaimVolumeSource {
+                claim_name: claim.clone(),
+                read_only: Some(true),
+            }),
+            ..Volume::default()
+        });
+        mounts.push(mount("model", MODEL_MOUNT, true));
+    }
+    if let Some(disk) = &spec.engine.kv_cache.disk_offload {
+        volumes.push(empty_dir("kv-offload", Some(&disk.0)));
+        mounts.push(mount("kv-offload", KV_OFFLOAD_MOUNT, false));
+    }
+    let container = Container {
+        name: "engine".to_string(),
+        image: Some(spec.engine.image.clone()),
+        args: Some(engine_args(spec, &model.path)),
+        env: Some(engine_env(pool, spec)),
+        ports: Some(vec![
+            ContainerPort {
+                name: Some("http".to_string()),
+                container_port: HTTP_PORT,
+                protocol: Some("TCP".to_string()),
+                ..ContainerPort::default()
+            },
+            ContainerPort {
+                name: Some("admin".to_string()),
+                container_port: ADMIN_PORT,
+                protocol: Some("TCP".to_string()),
+                ..ContainerPort::default()
+            },
+        ]),
+        resources: Some(engine_resources(spec)),
+        // Loading weights may take minutes: the startup probe covers it, then liveness.
+        startup_probe: Some(http_probe("/healthz", 10, 90)),
+        liveness_probe: Some(http_probe("/healthz", 10, 3)),
+        readiness_probe: Some(http_probe("/readyz", 5, 2)),
+        lifecycle: Some(Lifecycle {
+            pre_stop: Some(LifecycleHandler {
+                sleep: Some(SleepAction {
+                    seconds: PRESTOP_SLEEP_SECONDS,
+                }),
+                ..LifecycleHandler::default()
+            }),
+            ..Lifecycle::default()
+        }),
+        security_context: Some(container_security_context()),
+        volume_mounts: Some(mounts),
+        termination_message_policy: Some("FallbackToLogsOnError".to_string()),
+        ..Container::default()
+    };
+    Ok(PodTemplateSpec {
+        metadata: Some(ObjectMeta {
+            labels: Some(common_labels(pool)),
+            annotations: Some(scrape_annotations()),
+            ..ObjectMeta::default()
+        }),
+        spec: Some(PodSpec {
+            containers: vec![container],
+            volumes: Some(volumes),
+            security_context: Some(pod_security_context()),
+            termination_grace_period_seconds: Some(termination_grace_seconds(spec)),
+            automount_service_account_token: Some(false),
+            enable_service_links: Some(false),
+            ..PodSpec::default()
+        }),
+    })
+}
+
+/// The engine Deployment with `replicas` pods.
+pub fn deployment(
+    pool: &str,
+    namespace: &str,
+    spec: &InferencePoolSpec,
+    replicas: i32,
+    owners: Vec<OwnerReference>,
+) -> Result<Deployment, BadModelUri> {
+    Ok(Deployment {
+        metadata: ObjectMeta {
+            name: Some(pool.to_string()),
+            namespace: Some(namespace.to_string()),
+            labels: Some(common_labels(pool)),
+            owner_references: Some(owners).filter(|o| !o.is_empty()),
+            ..ObjectMeta::default()
+        },
+        spec: Some(DeploymentSpec {
+            replicas: Some(replicas),
+            selector: LabelSelector {
+                match_labels: Some(selector_labels(pool)),
+                match_expressions: None,
+            },
+            template: pod_template(pool, spec)?,
+            strategy: Some(DeploymentStrategy {
+                type_: Some("RollingUpdate".to_string()),
+                rolling_update: Some(RollingUpdateDeployment {
+                    max_surge: Some(IntOrString::Int(0)),
+                    max_unavailable: Some(IntOrString::Int(1)),
+                }),
+            }),
+            revision_history_limit: Some(5),
+            ..DeploymentSpec::default()
+        }),
+        status: None,
+    })
+}

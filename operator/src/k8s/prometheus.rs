@@ -1,0 +1,315 @@
+//! `PrometheusMetrics`: the MetricsSource port through PromQL.
+//!
+//! Scrape labels assumed (what the chart's PodMonitor produces): every engine series carries
+//! `namespace` and `pod` (Prometheus' Kubernetes discovery) and `pool` (relabelled from the
+//! pod label `tidegate.dev/pool`). Queries select `{namespace="NS", pool="POOL"}`.
+//!
+//! Fail static: an unreachable Prometheus (or one that refuses a query, or is too slow) is
+//! `MetricsProblem::Unreachable`; no engine series for the pool is `NoData`. `sampled_at` is
+//! the newest scrape timestamp of the pool's series (`timestamp()`), not the query time, so
+//! the planner sees stale data as stale.
+
+use std::collections::{BTreeMap, HashMap};
+use std::sync::Mutex;
+use std::time::Duration;
+
+use prometheus_http_query::Client;
+use prometheus_http_query::response::Data;
+use tidegate_api::InferencePoolSpec;
+
+use crate::plan::{MetricsProblem, PoolMetrics};
+use crate::ports::{Endpoint, MetricsSource, PoolRef};
+
+/// How long one PromQL query may take.
+const QUERY_TIMEOUT: Duration = Duration::from_secs(5);
+
+fn escape(v: &str) -> String {
+    v.replace('\\', "\\\\").replace('"', "\\\"")
+}
+
+/// The PromQL queries for one pool.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Queries {
+    /// Decode tokens/s per pod: `sum by (pod) (rate(decode_tokens_total[W]))`.
+    pub tokens_per_pod: String,
+    /// Most requests waiting per pod during the window (saturation).
+    pub max_waiting_per_pod: String,
+    /// Requests running per pod now (also: which pods report).
+    pub running_per_pod: String,
+    /// Requests waiting, pool-wide, now.
+    pub waiting: String,
+    /// p99 queue wait over the window, seconds.
+    pub queue_wait_p99: String,
+    /// KV blocks used ÷ total, pool-wide.
+    pub kv_utilization: String,
+    /// KV evictions per second, pool-wide.
+    pub evictions: String,
+    /// Overload refusals (queue full, queue timeout) per second.
+    pub refusals: String,
+    /// Newest scrape timestamp of the pool's series, seconds.
+    pub newest_sample: String,
+}
+
+impl Queries {
+    pub fn new(namespace: &str, pool: &str, window: Duration) -> Self {
+        let sel = format!(
+            "namespace=\"{}\", pool=\"{}\"",
+            escape(namespace),
+            escape(pool)
+        );
+        let w = format!("{}s", window.as_secs().max(1));
+        Queries {
+            tokens_per_pod: format!(
+                "sum by (pod) (rate(tidegate_engine_decode_tokens_total{{{sel}}}[{w}]))"
+            ),
+            max_waiting_per_pod: format!(
+                "max by (pod) (max_over_time(tidegate_engine_requests_waiting{{{sel}}}[{w}]))"
+            ),
+            running_per_pod: format!("sum by (pod) (tidegate_engine_requests_running{{{sel}}})"),
+            waiting: format!("sum(tidegate_engine_requests_waiting{{{sel}}})"),
+            queue_wait_p99: format!(
+                "histogram_quantile(0.99, sum by (le) (rate(tidegate_engine_queue_wait_seconds_bucket{{{sel}}}[{w}])))"
+            ),
+            kv_utilization: format!(
+                "sum(tidegate_engine_kv_blocks_used{{{sel}}}) / sum(tidegate_engine_kv_blocks_total{{{sel}}})"
+            ),
+            evictions: format!("sum(rate(tidegate_engine_evictions_total{{{sel}}}[{w}]))"),
+            refusals: format!(
+                "sum(rate(tidegate_engine_rejections_total{{{sel}, reason=~\"queue_full|queue_timeout\"}}[{w}]))"
+            ),
+            newest_sample: format!("max(timestamp(tidegate_engine_requests_running{{{sel}}}))"),
+        }
+    }
+}
+
+/// One query's answer: value per `pod` label ("" when the result has no pod label).
+pub type Series = BTreeMap<String, f64>;
+
+/// The answers, in the order of [`Queries`].
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct Answers {
+    pub tokens_per_pod: Series,
+    pub max_waiting_per_pod: Series,
+    pub running_per_pod: Series,
+    pub waiting: Series,
+    pub queue_wait_p99: Series,
+    pub kv_utilization: Series,
+    pub evictions: Series,
+    pub refusals: Series,
+    pub newest_sample: Series,
+}
+
+fn finite(v: Option<f64>) -> Option<f64> {
+    v.filter(|x| x.is_finite())
+}
+
+fn scalar(s: &Series) -> Option<f64> {
+    finite(s.values().next().copied())
+}
+
+/// Turns the answers into pool metrics (pure).
+pub fn assemble(a: &Answers) -> Result<PoolMetrics, MetricsProblem> {
+    if a.running_per_pod.is_empty() {
+        return Err(MetricsProblem::NoData(
+            "Prometheus has no tidegate_engine series for this pool (are the engines scraped?)"
+                .to_string(),
+        ));
+    }
+    let tokens: f64 = a.tokens_per_pod.values().filter(|v| v.is_finite()).sum();
+    let saturated = a
+        .tokens_per_pod
+        .iter()
+        .filter(|(pod, _)| a.max_waiting_per_pod.get(*pod).is_some_and(|w| *w > 0.0))
+        .map(|(_, t)| *t)
+        .filter(|t| t.is_finite())
+        .collect();
+    let sampled_at = scalar(&a.newest_sample)
+        .map(|s| (s * 1000.0).max(0.0) as u64)
+        .unwrap_or(0);
+    Ok(PoolMetrics {
+        decode_tokens_per_second: tokens,
+        saturated_pod_tokens_per_second: saturated,
+        running: a.running_per_pod.values().filter(|v| v.is_finite()).sum(),
+        waiting: scalar(&a.waiting).unwrap_or(0.0),
+        queue_wait_p99_seconds: scalar(&a.queue_wait_p99),
+        kv_utilization: scalar(&a.kv_utilization).unwrap_or(0.0),
+        evictions_per_second: scalar(&a.evictions).unwrap_or(0.0),
+        overload_refusals_per_second: scalar(&a.refusals).unwrap_or(0.0),
+        pods_reporting: a.running_per_pod.len() as i32,
+        sampled_at,
+    })
+}
+
+/// Reads pool metrics from Prometheus.
+pub struct PrometheusMetrics {
+    default_url: Option<String>,
+    clients: Mutex<HashMap<String, Client>>,
+}
+
+impl PrometheusMetrics {
+    /// `default_url` is the operator's --prometheus-url; a pool may name its own.
+    pub fn new(default_url: Option<String>) -> Self {
+        PrometheusMetrics {
+            default_url: default_url.filter(|u| !u.is_empty()),
+            clients: Mutex::new(HashMap::new()),
+        }
+    }
+
+    fn client(&self, url: &str) -> Result<Client, MetricsProblem> {
+        let mut clients = self
+            .clients
+            .lock()
+            .map_err(|_| MetricsProblem::Unreachable("client cache poisoned".to_string()))?;
+        if let Some(c) = clients.get(url) {
+            return Ok(c.clone());
+        }
+        let c = Client::try_from(url)
+            .map_err(|e| MetricsProblem::Unreachable(format!("bad Prometheus URL {url:?}: {e}")))?;
+        clients.insert(url.to_string(), c.clone());
+        Ok(c)
+    }
+}
+
+async fn query(client: &Client, promql: &str) -> Result<Series, MetricsProblem> {
+    let answer = tokio::time::timeout(QUERY_TIMEOUT, client.query(promql).get())
+        .await
+        .map_err(|_| {
+            MetricsProblem::Unreachable(format!(
+                "Prometheus did not answer within {}s",
+                QUERY_TIMEOUT.as_secs()
+            ))
+        })?
+        .map_err(|e| MetricsProblem::Unreachable(format!("Prometheus query failed: {e}")))?;
+    let mut out = Series::new();
+    match answer.data() {
+        Data::Vector(v) => {
+            for s in v {
+                let pod = s.metric().get("pod").cloned().unwrap_or_default();
+                out.insert(pod, s.sample().value());
+            }
+        }
+        Data::Scalar(s) => {
+            out.insert(String::new(), s.value());
+        }
+        Data::Matrix(_) => {}
+    }
+    Ok(out)
+}
+
+impl MetricsSource for PrometheusMetrics {
+    async fn read(
+        &self,
+        pool: &PoolRef,
+        spec: &InferencePoolSpec,
+        _endpoints: &[Endpoint],
+        _now_ms: u64,
+    ) -> Result<PoolMetrics, MetricsProblem> {
+        let m = &spec.scaling.metrics;
+        let url = m
+            .prometheus_url
+            .clone()
+            .or_else(|| self.default_url.clone())
+            .ok_or_else(|| {
+                MetricsProblem::Unreachable(
+                    "no Prometheus URL: set --prometheus-url or spec.scaling.metrics.prometheusUrl"
+                        .to_string(),
+                )
+            })?;
+        let client = self.client(&url)?;
+        let q = Queries::new(&pool.namespace, &pool.name, m.rate_window.as_std());
+        let (tokens, max_waiting, running, waiting, p99, kv, evictions, refusals, newest) = futures::join!(
+            query(&client, &q.tokens_per_pod),
+            query(&client, &q.max_waiting_per_pod),
+            query(&client, &q.running_per_pod),
+            query(&client, &q.waiting),
+            query(&client, &q.queue_wait_p99),
+            query(&client, &q.kv_utilization),
+            query(&client, &q.evictions),
+            query(&client, &q.refusals),
+            query(&client, &q.newest_sample),
+        );
+        assemble(&Answers {
+            tokens_per_pod: tokens?,
+            max_waiting_per_pod: max_waiting?,
+            running_per_pod: running?,
+            waiting: waiting?,
+            queue_wait_p99: p99?,
+            kv_utilization: kv?,
+            evictions: evictions?,
+            refusals: refusals?,
+            newest_sample: newest?,
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn series(pairs: &[(&str, f64)]) -> Series {
+        pairs.iter().map(|(k, v)| (k.to_string(), *v)).collect()
+    }
+
+    #[test]
+    fn queries_are_scoped_to_the_pool() {
+        let q = Queries::new("prod", "llama", Duration::from_secs(60));
+        assert_eq!(
+            q.tokens_per_pod,
+            "sum by (pod) (rate(tidegate_engine_decode_tokens_total{namespace=\"prod\", pool=\"llama\"}[60s]))"
+        );
+        assert!(q.queue_wait_p99.starts_with("histogram_quantile(0.99, sum by (le) (rate(tidegate_engine_queue_wait_seconds_bucket{namespace=\"prod\", pool=\"llama\"}[60s])))"));
+        assert!(q.refusals.contains("reason=~\"queue_full|queue_timeout\""));
+    }
+
+    #[test]
+    fn no_series_is_no_data() {
+        assert!(matches!(
+            assemble(&Answers::default()),
+            Err(MetricsProblem::NoData(_))
+        ));
+    }
+
+    #[test]
+    fn saturated_pods_are_those_with_waiting_requests() {
+        let a = Answers {
+            tokens_per_pod: series(&[("a", 100.0), ("b", 40.0)]),
+            max_waiting_per_pod: series(&[("a", 3.0), ("b", 0.0)]),
+            running_per_pod: series(&[("a", 8.0), ("b", 2.0)]),
+            waiting: series(&[("", 3.0)]),
+            queue_wait_p99: series(&[("", f64::NAN)]),
+            kv_utilization: series(&[("", 0.5)]),
+            evictions: series(&[("", 0.25)]),
+            refusals: series(&[]),
+            newest_sample: series(&[("", 1_700_000_000.5)]),
+        };
+        let m = assemble(&a).expect("metrics");
+        assert_eq!(m.decode_tokens_per_second, 140.0);
+        assert_eq!(m.saturated_pod_tokens_per_second, vec![100.0]);
+        assert_eq!(m.running, 10.0);
+        assert_eq!(m.waiting, 3.0);
+        assert_eq!(
+            m.queue_wait_p99_seconds, None,
+            "NaN quantile means nothing queued"
+        );
+        assert_eq!(m.pods_reporting, 2);
+        assert_eq!(m.sampled_at, 1_700_000_000_500);
+        assert_eq!(m.evictions_per_second, 0.25);
+    }
+
+    #[tokio::test]
+    async fn unreachable_prometheus_is_reported() {
+        let p = PrometheusMetrics::new(Some("http://127.0.0.1:1".to_string()));
+        let spec: InferencePoolSpec = serde_json::from_value(serde_json::json!({
+            "model": {"name": "m", "uri": "file:///m"},
+            "engine": {"image": "e"},
+            "replicas": {"max": 2}
+        }))
+        .expect("spec");
+        let pool = PoolRef {
+            namespace: "ns".into(),
+            name: "p".into(),
+        };
+        let r = p.read(&pool, &spec, &[], 0).await;
+        assert!(matches!(r, Err(MetricsProblem::Unreachable(_))), "{r:?}");
+    }
+}

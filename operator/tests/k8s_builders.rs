@@ -1,0 +1,294 @@
+//! Unit tests of the pure Kubernetes object builders: pod security, GPU resources, probes,
+//! drain timing, model volumes, owner references, Service/PDB/Secret shapes, registry shards.
+
+use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
+use kube::api::ObjectMeta;
+use tidegate_api::{InferencePool, InferencePoolSpec};
+use tidegate_operator::k8s::deployment::{self, model_location};
+use tidegate_operator::k8s::objects;
+use tidegate_operator::k8s::owners::{OwnerBook, owner_reference};
+use tidegate_operator::k8s::registry_store::{
+    DIGEST_ANNOTATION, PARTS_ANNOTATION, REGISTRY_KEY, SHARD_BYTES, registry_config_maps,
+};
+use tidegate_operator::ports::PoolRef;
+
+fn spec(extra: serde_json::Value) -> InferencePoolSpec {
+    let mut base = serde_json::json!({
+        "model": {"name": "llama-8b", "uri": "pvc://weights/llama/8b"},
+        "engine": {
+            "image": "ghcr.io/tidegate/engine:1",
+            "resources": {"gpus": 2, "cpu": "8", "memory": "64Gi"},
+            "kvCache": {"diskOffload": "200Gi"},
+            "drainGracePeriod": "90s"
+        },
+        "replicas": {"min": 1, "max": 4}
+    });
+    if let (Some(b), Some(e)) = (base.as_object_mut(), extra.as_object()) {
+        for (k, v) in e {
+            b.insert(k.clone(), v.clone());
+        }
+    }
+    serde_json::from_value(base).expect("spec")
+}
+
+fn pool() -> InferencePool {
+    let mut p = InferencePool::new("chat", spec(serde_json::json!({})));
+    p.metadata = ObjectMeta {
+        name: Some("chat".into()),
+        namespace: Some("prod".into()),
+        uid: Some("uid-1".into()),
+        ..ObjectMeta::default()
+    };
+    p
+}
+
+#[test]
+fn deployment_runs_restricted_pods_with_gpus() {
+    let p = pool();
+    let owners = vec![owner_reference(&p).expect("owner")];
+    let d = deployment::deployment("chat", "prod", &p.spec, 3, owners).expect("deployment");
+    let ds = d.spec.expect("spec");
+    assert_eq!(ds.replicas, Some(3));
+    let sel = ds.selector.match_labels.expect("selector");
+    assert_eq!(sel["app.kubernetes.io/name"], "tidegate-engine");
+    assert_eq!(sel["tidegate.dev/pool"], "chat");
+    let owner = &d.metadata.owner_references.expect("owners")[0];
+    assert_eq!(owner.controller, Some(true));
+    assert_eq!(owner.kind, "InferencePool");
+    assert_eq!(owner.uid, "uid-1");
+
+    let tpl = ds.template;
+    let ann = tpl
+        .metadata
+        .expect("meta")
+        .annotations
+        .expect("annotations");
+    assert_eq!(ann["prometheus.io/scrape"], "true");
+    assert_eq!(ann["prometheus.io/port"], "8000");
+    let pod = tpl.spec.expect("pod");
+    assert_eq!(pod.automount_service_account_token, Some(false));
+    // 5s preStop + 90s drain + 10s margin.
+    assert_eq!(pod.termination_grace_period_seconds, Some(105));
+    let psc = pod.security_context.expect("pod sc");
+    assert_eq!(psc.run_as_non_root, Some(true));
+    assert_eq!(
+        psc.seccomp_profile.expect("seccomp").type_,
+        "RuntimeDefault"
+    );
+
+    let c = &pod.containers[0];
+    let sc = c.security_context.clone().expect("sc");
+    assert_eq!(sc.run_as_non_root, Some(true));
+    assert_eq!(sc.read_only_root_filesystem, Some(true));
+    assert_eq!(sc.allow_privilege_escalation, Some(false));
+    assert_eq!(
+        sc.capabilities.expect("caps").drop,
+        Some(vec!["ALL".into()])
+    );
+    assert_eq!(sc.seccomp_profile.expect("seccomp").type_, "RuntimeDefault");
+
+    let res = c.resources.clone().expect("resources");
+    let limits = res.limits.expect("limits");
+    assert_eq!(limits["nvidia.com/gpu"].0, "2");
+    assert_eq!(limits["cpu"].0, "8");
+    assert_eq!(limits["memory"].0, "64Gi");
+    assert_eq!(res.requests.expect("requests")["nvidia.com/gpu"].0, "2");
+
+    let ready = c
+        .readiness_probe
+        .clone()
+        .expect("readiness")
+        .http_get
+        .expect("get");
+    assert_eq!(ready.path.as_deref(), Some("/readyz"));
+    assert_eq!(ready.port, IntOrString::String("http".into()));
+    let live = c
+        .liveness_probe
+        .clone()
+        .expect("liveness")
+        .http_get
+        .expect("get");
+    assert_eq!(live.path.as_deref(), Some("/healthz"));
+    let pre = c
+        .lifecycle
+        .clone()
+        .expect("lifecycle")
+        .pre_stop
+        .expect("preStop");
+    assert_eq!(pre.sleep.expect("sleep").seconds, 5);
+
+    let ports: Vec<(String, i32)> = c
+        .ports
+        .clone()
+        .expect("ports")
+        .into_iter()
+        .map(|p| (p.name.unwrap_or_default(), p.container_port))
+        .collect();
+    assert_eq!(ports, vec![("http".into(), 8000), ("admin".into(), 8001)]);
+
+    let args = c.args.clone().expect("args");
+    let joined = args.join(" ");
+    assert!(args[0] == "serve", "{joined}");
+    for want in [
+        "--model /model/llama/8b",
+        "--listen 0.0.0.0:8000",
+        "--admin-listen 0.0.0.0:8001",
+        "--max-batch-size 64",
+        "--max-batch-tokens 8192",
+        "--max-queued-requests 256",
+        "--kv-block-tokens 16",
+        "--drain-grace 90s",
+    ] {
+        assert!(joined.contains(want), "{want} missing in {joined}");
+    }
+
+    let env = c.env.clone().expect("env");
+    let token = env
+        .iter()
+        .find(|e| e.name == "TIDEGATE_ADMIN_TOKEN")
+        .expect("token env");
+    let key = token
+        .value_from
+        .clone()
+        .expect("from")
+        .secret_key_ref
+        .expect("secret ref");
+    assert_eq!(
+        (key.name.as_str(), key.key.as_str()),
+        ("chat-admin", "token")
+    );
+
+    let vols = pod.volumes.expect("volumes");
+    let model = vols
+        .iter()
+        .find(|v| v.name == "model")
+        .expect("model volume");
+    let pvc = model.persistent_volume_claim.clone().expect("pvc");
+    assert_eq!(
+        (pvc.claim_name.as_str(), pvc.read_only),
+        ("weights", Some(true))
+    );
+    let kv = vols
+        .iter()
+        .find(|v| v.name == "kv-offload")
+        .expect("kv volume");
+    assert_eq!(
+        kv.empty_dir
+            .clone()
+            .expect("emptyDir")
+            .size_limit
+            .expect("limit")
+            .0,
+        "200Gi"
+    );
+    assert!(vols.iter().any(|v| v.name == "tmp"));
+    let mounts = c.volume_mounts.clone().expect("mounts");
+    let m = mounts
+        .iter()
+        .find(|m| m.name == "model")
+        .expect("model mount");
+    assert_eq!(m.read_only, Some(true));
+}
+
+#[test]
+fn cpu_pool_has_no_gpu_and_file_models_no_volume() {
+    let s = spec(serde_json::json!({
+        "model": {"name": "tiny", "uri": "file:///models/tiny"},
+        "engine": {"image": "e", "resources": {"gpus": 0}}
+    }));
+    let d = deployment::deployment("tiny", "dev", &s, 1, vec![]).expect("deployment");
+    let pod = d.spec.expect("spec").template.spec.expect("pod");
+    let c = &pod.containers[0];
+    assert!(c.resources.clone().expect("res").limits.is_none());
+    assert!(
+        c.args
+            .clone()
+            .expect("args")
+            .join(" ")
+            .contains("--model /models/tiny")
+    );
+    let vols = pod.volumes.expect("volumes");
+    assert!(
+        vols.iter()
+            .all(|v| v.name != "model" && v.name != "kv-offload")
+    );
+    assert!(d.metadata.owner_references.is_none());
+}
+
+#[test]
+fn model_uris() {
+    assert_eq!(model_location("file:///m").expect("file").path, "/m");
+    let l = model_location("pvc://claim").expect("pvc");
+    assert_eq!(
+        (l.path.as_str(), l.claim.as_deref()),
+        ("/model", Some("claim"))
+    );
+    assert!(model_location("pvc://claim/../etc").is_err());
+    assert!(model_location("s3://bucket/x").is_err());
+    assert!(model_location("file://relative").is_err());
+}
+
+#[test]
+fn service_pdb_and_secret() {
+    let owners = vec![owner_reference(&pool()).expect("owner")];
+    let svc = objects::service("chat", "prod", owners.clone());
+    let ports = svc.spec.expect("spec").ports.expect("ports");
+    assert_eq!(
+        ports
+            .iter()
+            .map(|p| (p.name.clone().unwrap_or_default(), p.port))
+            .collect::<Vec<_>>(),
+        vec![("http".into(), 8000), ("admin".into(), 8001)]
+    );
+    let pdb = objects::pod_disruption_budget("chat", "prod", owners.clone());
+    assert_eq!(
+        pdb.spec.expect("spec").max_unavailable,
+        Some(IntOrString::Int(1))
+    );
+    let token = objects::random_token().expect("token");
+    assert_eq!(token.len(), 64);
+    assert_ne!(token, objects::random_token().expect("token"));
+    let secret = objects::admin_secret("chat", "prod", &token, owners);
+    assert_eq!(secret.metadata.name.as_deref(), Some("chat-admin"));
+    assert_eq!(secret.string_data.expect("data")["token"], token);
+    assert_eq!(
+        secret.metadata.owner_references.expect("owners")[0].controller,
+        Some(true)
+    );
+}
+
+#[test]
+fn large_registries_are_sharded_with_one_digest() {
+    let owners = OwnerBook::new();
+    owners.record(&pool());
+    let pref = PoolRef {
+        namespace: "prod".into(),
+        name: "chat".into(),
+    };
+    let bytes: Vec<u8> = (0..(2 * SHARD_BYTES + 10))
+        .map(|i| (i % 251) as u8)
+        .collect();
+    let maps = registry_config_maps(&pref, &bytes, &owners);
+    let names: Vec<_> = maps
+        .iter()
+        .map(|m| m.metadata.name.clone().unwrap_or_default())
+        .collect();
+    assert_eq!(
+        names,
+        vec!["chat-tenants", "chat-tenants-1", "chat-tenants-2"]
+    );
+    let digest = &maps[0].metadata.annotations.as_ref().expect("ann")[DIGEST_ANNOTATION];
+    let mut joined: Vec<u8> = Vec::new();
+    for m in &maps {
+        let ann = m.metadata.annotations.as_ref().expect("ann");
+        assert_eq!(&ann[DIGEST_ANNOTATION], digest);
+        assert_eq!(ann[PARTS_ANNOTATION], "3");
+        assert_eq!(
+            m.metadata.owner_references.as_ref().expect("owners")[0].uid,
+            "uid-1"
+        );
+        joined.extend(&m.binary_data.as_ref().expect("data")[REGISTRY_KEY].0);
+    }
+    assert_eq!(joined, bytes);
+    assert_eq!(registry_config_maps(&pref, &[1, 2, 3], &owners).len(), 1);
+}

@@ -1,0 +1,187 @@
+//! `PrometheusMetrics` against a real Prometheus server scraping two fake engines (their
+//! /metrics as the engine writes it, with the `namespace`, `pool` and `pod` target labels the
+//! chart's PodMonitor produces): the PromQL parses and evaluates, and the answers map onto
+//! PoolMetrics (per-pod decode rate, saturation, p99 from the histogram, KV use, staleness).
+//!
+//! Runs only when TIDEGATE_TEST_PROMETHEUS names a Prometheus binary; otherwise it passes
+//! without doing anything.
+
+use std::net::SocketAddr;
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use axum::Router;
+use axum::routing::get;
+use tidegate_api::InferencePoolSpec;
+use tidegate_operator::k8s::prometheus::PrometheusMetrics;
+use tidegate_operator::plan::MetricsProblem;
+use tidegate_operator::ports::{MetricsSource, PoolRef};
+
+/// Serves engine metrics: `tps` decode tokens/s, `waiting` queued requests, 10 queue-wait
+/// observations per second of 0.3s each.
+async fn fake_engine(tps: f64, waiting: f64) -> SocketAddr {
+    let start = Instant::now();
+    let app = Router::new().route(
+        "/metrics",
+        get(move || async move {
+            let t = start.elapsed().as_secs_f64();
+            let n = (t * 10.0).floor();
+            format!(
+                "# TYPE tidegate_engine_decode_tokens_total counter\n\
+                 tidegate_engine_decode_tokens_total {}\n\
+                 # TYPE tidegate_engine_requests_running gauge\n\
+                 tidegate_engine_requests_running 4\n\
+                 # TYPE tidegate_engine_requests_waiting gauge\n\
+                 tidegate_engine_requests_waiting {waiting}\n\
+                 # TYPE tidegate_engine_kv_blocks_used gauge\n\
+                 tidegate_engine_kv_blocks_used 50\n\
+                 # TYPE tidegate_engine_kv_blocks_total gauge\n\
+                 tidegate_engine_kv_blocks_total 100\n\
+                 # TYPE tidegate_engine_evictions_total counter\n\
+                 tidegate_engine_evictions_total{{tier=\"free\",action=\"drop\"}} 0\n\
+                 # TYPE tidegate_engine_queue_wait_seconds histogram\n\
+                 tidegate_engine_queue_wait_seconds_bucket{{tier=\"free\",le=\"0.1\"}} 0\n\
+                 tidegate_engine_queue_wait_seconds_bucket{{tier=\"free\",le=\"0.5\"}} {n}\n\
+                 tidegate_engine_queue_wait_seconds_bucket{{tier=\"free\",le=\"+Inf\"}} {n}\n\
+                 tidegate_engine_queue_wait_seconds_sum{{tier=\"free\"}} {}\n\
+                 tidegate_engine_queue_wait_seconds_count{{tier=\"free\"}} {n}\n",
+                (t * tps).floor(),
+                n * 0.3
+            )
+        }),
+    );
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+        .await
+        .expect("bind");
+    let addr = listener.local_addr().expect("addr");
+    tokio::spawn(async move { axum::serve(listener, app).await });
+    addr
+}
+
+struct Prometheus(Child);
+
+impl Drop for Prometheus {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())
+        .map(|a| a.port())
+        .expect("free port")
+}
+
+fn spec() -> InferencePoolSpec {
+    serde_json::from_value(serde_json::json!({
+        "model": {"name": "m", "uri": "file:///m"},
+        "engine": {"image": "e"},
+        "replicas": {"max": 2},
+        "scaling": {"metrics": {"rateWindow": "5s"}}
+    }))
+    .expect("spec")
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn promql_against_a_real_prometheus() {
+    let Ok(bin) = std::env::var("TIDEGATE_TEST_PROMETHEUS") else {
+        eprintln!("TIDEGATE_TEST_PROMETHEUS not set; skipping");
+        return;
+    };
+    let a = fake_engine(100.0, 2.0).await;
+    let b = fake_engine(50.0, 0.0).await;
+    let dir = tempfile::tempdir().expect("tempdir");
+    let config = format!(
+        "global:\n  scrape_interval: 1s\n\
+         scrape_configs:\n  - job_name: tidegate-engine\n    static_configs:\n\
+         \x20     - targets: ['{a}']\n        labels: {{namespace: prod, pool: chat, pod: chat-a}}\n\
+         \x20     - targets: ['{b}']\n        labels: {{namespace: prod, pool: chat, pod: chat-b}}\n"
+    );
+    let config_path = dir.path().join("prometheus.yml");
+    std::fs::write(&config_path, config).expect("config");
+    let port = free_port();
+    let _prom = Prometheus(
+        Command::new(bin)
+            .arg(format!("--config.file={}", config_path.display()))
+            .arg(format!("--web.listen-address=127.0.0.1:{port}"))
+            .arg(format!(
+                "--storage.tsdb.path={}",
+                dir.path().join("data").display()
+            ))
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .expect("start prometheus"),
+    );
+    let source = PrometheusMetrics::new(Some(format!("http://127.0.0.1:{port}")));
+    let pool = PoolRef {
+        namespace: "prod".into(),
+        name: "chat".into(),
+    };
+    let spec = spec();
+    let now = || {
+        std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map(|d| d.as_millis() as u64)
+            .unwrap_or(0)
+    };
+
+    // Wait until both pods have enough samples for rate() and the histogram quantile.
+    let deadline = Instant::now() + Duration::from_secs(40);
+    let m = loop {
+        match source.read(&pool, &spec, &[], now()).await {
+            Ok(m)
+                if m.pods_reporting == 2
+                    && m.saturated_pod_tokens_per_second.len() == 1
+                    && m.queue_wait_p99_seconds.is_some()
+                    && (120.0..=180.0).contains(&m.decode_tokens_per_second)
+                    && (80.0..=120.0).contains(&m.saturated_pod_tokens_per_second[0]) =>
+            {
+                break m;
+            }
+            other => {
+                assert!(Instant::now() < deadline, "no usable metrics: {other:?}");
+                tokio::time::sleep(Duration::from_millis(500)).await;
+            }
+        }
+    };
+    assert!(
+        (120.0..=180.0).contains(&m.decode_tokens_per_second),
+        "{m:?}"
+    );
+    let sat = m.saturated_pod_tokens_per_second[0];
+    assert!(
+        (80.0..=120.0).contains(&sat),
+        "pod a (waiting 2) is the saturated one: {m:?}"
+    );
+    assert_eq!(m.running, 8.0);
+    assert_eq!(m.waiting, 2.0);
+    assert!((m.kv_utilization - 0.5).abs() < 1e-9, "{m:?}");
+    let p99 = m.queue_wait_p99_seconds.unwrap_or_default();
+    assert!(
+        (0.1..=0.5).contains(&p99),
+        "p99 within the 0.1–0.5 bucket: {p99}"
+    );
+    assert!(
+        now().saturating_sub(m.sampled_at) < 5_000,
+        "sampled_at is the last scrape: {m:?}"
+    );
+
+    // A pool nobody scrapes has no data; a dead Prometheus is unreachable.
+    let other = PoolRef {
+        namespace: "prod".into(),
+        name: "nobody".into(),
+    };
+    assert!(matches!(
+        source.read(&other, &spec, &[], now()).await,
+        Err(MetricsProblem::NoData(_))
+    ));
+    drop(_prom);
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    assert!(matches!(
+        source.read(&pool, &spec, &[], now()).await,
+        Err(MetricsProblem::Unreachable(_))
+    ));
+}
