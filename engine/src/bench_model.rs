@@ -28,6 +28,9 @@ pub struct BenchArgs {
     /// Decode steps timed per batch size.
     #[arg(long, default_value_t = 16)]
     pub steps: usize,
+    /// Also print the matmul kernel's speed on each of the model's projection shapes.
+    #[arg(long)]
+    pub kernel_shapes: bool,
 }
 
 /// Measured memory bandwidth, bytes per second.
@@ -49,10 +52,7 @@ pub fn measure_bandwidth() -> Bandwidth {
     let mut copy = 0f64;
     for _ in 0..4 {
         let t = Instant::now();
-        let s: f32 = src
-            .par_chunks(1 << 16)
-            .map(|c| c.iter().fold(0.0, |a, b| a + b))
-            .sum();
+        let s: f32 = src.par_chunks(1 << 16).map(sum_wide).sum();
         std::hint::black_box(s);
         read = read.max(bytes / t.elapsed().as_secs_f64());
         let t = Instant::now();
@@ -65,69 +65,129 @@ pub fn measure_bandwidth() -> Bandwidth {
     Bandwidth { read, copy }
 }
 
+/// Sum with 16 independent lanes, so the loop is limited by memory, not by add latency.
+fn sum_wide(c: &[f32]) -> f32 {
+    let mut acc = [0f32; 16];
+    for ch in c.chunks_exact(16) {
+        for (a, b) in acc.iter_mut().zip(ch) {
+            *a += b;
+        }
+    }
+    acc.iter().sum()
+}
+
+/// Throughput of the matmul kernel alone for `[m, k] x [n, k]ᵀ`: (GFLOP/s, weight GB/s),
+/// best of `reps` calls.
+pub fn kernel_throughput(m: usize, n: usize, k: usize, reps: usize) -> (f64, f64) {
+    let x: Vec<f32> = (0..m * k).map(|i| (i % 13) as f32 * 0.1).collect();
+    let w: Vec<f32> = (0..n * k).map(|i| (i % 7) as f32 * 0.1).collect();
+    let packed = crate::kernels::PackedMatrix::pack(&w, n, k);
+    drop(w);
+    let mut y = vec![0f32; m * n];
+    let mut best = f64::INFINITY;
+    for _ in 0..reps.max(1) {
+        let t = Instant::now();
+        packed.matmul(&x, m, &mut y);
+        best = best.min(t.elapsed().as_secs_f64());
+    }
+    std::hint::black_box(&y);
+    (
+        2.0 * (m * n * k) as f64 / best / 1e9,
+        (n * k * 4) as f64 / best / 1e9,
+    )
+}
+
 /// Batch-1 decode roofline in tokens/s: bandwidth ÷ weight bytes read per token.
 pub fn roofline_tokens_per_s(bandwidth: f64, bytes_per_token: usize) -> f64 {
     bandwidth / bytes_per_token as f64
 }
 
-/// Decode tokens/s of `runner` at `batch` concurrent sequences: prefill each with
-/// `prompt_len` tokens, then time `steps` batched decode steps (median step time).
-pub fn decode_tokens_per_s(
-    runner: &mut Runner,
-    batch: usize,
-    prompt_len: usize,
-    steps: usize,
-) -> Result<f64> {
-    let bs = runner.block_size();
-    let per_seq = (prompt_len + steps + 1).div_ceil(bs);
-    let tables: Vec<Vec<u32>> = (0..batch)
-        .map(|s| ((s * per_seq) as u32..((s + 1) * per_seq) as u32).collect())
-        .collect();
-    let vocab = runner.config().vocab_size as u32;
-    let prompts: Vec<Vec<u32>> = (0..batch)
-        .map(|s| {
-            (0..prompt_len)
-                .map(|i| ((s * 131 + i * 17 + 5) as u32) % vocab)
-                .collect()
-        })
-        .collect();
-    let chunks: Vec<SeqChunk<'_>> = prompts
-        .iter()
-        .zip(&tables)
-        .map(|(p, t)| SeqChunk {
-            tokens: p,
-            start_pos: 0,
-            block_table: t,
-            want_logits: true,
-        })
-        .collect();
-    let mut next: Vec<u32> = runner
-        .step(&chunks)?
-        .iter()
-        .map(|l| l.as_deref().map_or(0, argmax))
-        .collect();
-    let mut times = Vec::with_capacity(steps);
-    for step in 0..steps {
-        let toks: Vec<[u32; 1]> = next.iter().map(|&t| [t]).collect();
-        let chunks: Vec<SeqChunk<'_>> = toks
+/// A set of `batch` sequences decoding together on a runner, using blocks
+/// `first_block..first_block + batch · blocks_per_seq`.
+#[derive(Debug)]
+pub struct DecodeSet {
+    tables: Vec<Vec<u32>>,
+    next: Vec<u32>,
+    pos: usize,
+}
+
+impl DecodeSet {
+    /// Prefills `batch` synthetic prompts of `prompt_len` tokens.
+    pub fn prefill(
+        runner: &mut Runner,
+        batch: usize,
+        prompt_len: usize,
+        first_block: usize,
+        blocks_per_seq: usize,
+    ) -> Result<Self> {
+        let tables: Vec<Vec<u32>> = (0..batch)
+            .map(|s| {
+                let b0 = first_block + s * blocks_per_seq;
+                (b0 as u32..(b0 + blocks_per_seq) as u32).collect()
+            })
+            .collect();
+        let vocab = runner.config().vocab_size as u32;
+        let prompts: Vec<Vec<u32>> = (0..batch)
+            .map(|s| {
+                (0..prompt_len)
+                    .map(|i| ((s * 131 + i * 17 + 5) as u32) % vocab)
+                    .collect()
+            })
+            .collect();
+        let chunks: Vec<SeqChunk<'_>> = prompts
             .iter()
             .zip(&tables)
-            .map(|(t, table)| SeqChunk {
-                tokens: t,
-                start_pos: prompt_len + step,
-                block_table: table,
+            .map(|(p, t)| SeqChunk {
+                tokens: p,
+                start_pos: 0,
+                block_table: t,
                 want_logits: true,
             })
             .collect();
-        let t0 = Instant::now();
-        let out = runner.step(&chunks)?;
-        times.push(t0.elapsed().as_secs_f64());
-        next = out.iter().map(|l| l.as_deref().map_or(0, argmax)).collect();
+        let next = runner
+            .step(&chunks)?
+            .iter()
+            .map(|l| l.as_deref().map_or(0, argmax))
+            .collect();
+        Ok(Self {
+            tables,
+            next,
+            pos: prompt_len,
+        })
     }
-    times.sort_by(f64::total_cmp);
-    let median = times.get(times.len() / 2).copied().unwrap_or(f64::INFINITY);
-    Ok(batch as f64 / median)
+
+    /// Runs `steps` batched greedy decode steps; returns each step's wall time in seconds.
+    pub fn decode(&mut self, runner: &mut Runner, steps: usize) -> Result<Vec<f64>> {
+        let mut times = Vec::with_capacity(steps);
+        for _ in 0..steps {
+            let toks: Vec<[u32; 1]> = self.next.iter().map(|&t| [t]).collect();
+            let chunks: Vec<SeqChunk<'_>> = toks
+                .iter()
+                .zip(&self.tables)
+                .map(|(t, table)| SeqChunk {
+                    tokens: t,
+                    start_pos: self.pos,
+                    block_table: table,
+                    want_logits: true,
+                })
+                .collect();
+            let t0 = Instant::now();
+            let out = runner.step(&chunks)?;
+            times.push(t0.elapsed().as_secs_f64());
+            self.next = out.iter().map(|l| l.as_deref().map_or(0, argmax)).collect();
+            self.pos += 1;
+        }
+        Ok(times)
+    }
 }
+
+fn median(mut v: Vec<f64>) -> f64 {
+    v.sort_by(f64::total_cmp);
+    v.get(v.len() / 2).copied().unwrap_or(f64::INFINITY)
+}
+
+/// Number of alternating measurement rounds (batch sizes interleaved to cancel load drift).
+const ROUNDS: usize = 3;
 
 /// Runs the benchmark and prints the figures.
 pub fn run(args: &BenchArgs) -> Result<()> {
@@ -138,16 +198,21 @@ pub fn run(args: &BenchArgs) -> Result<()> {
         bw.copy / 1e9,
         rayon::current_num_threads()
     );
+    let (_, gemv_bw) = kernel_throughput(1, 49152, 576, 5);
+    let (gemm_flops, _) = kernel_throughput(32, 1536, 576, 20);
+    println!(
+        "kernels: GEMV 1x576 by 49152x576 reads weights at {gemv_bw:.1} GB/s; GEMM 32x576 by 1536x576 runs at {gemm_flops:.1} GFLOP/s"
+    );
     let t = Instant::now();
     let files = ModelFiles::load(&args.model)?;
-    let max_batch = args.batch.iter().copied().max().unwrap_or(1);
     let block_size = 16;
-    let per_seq = (args.prompt_len + args.steps + 1).div_ceil(block_size);
+    let per_seq = (args.prompt_len + ROUNDS * args.steps + 1).div_ceil(block_size);
+    let total_seqs: usize = args.batch.iter().sum();
     let mut runner = Runner::new(
         &files,
         RunnerConfig {
             block_size,
-            num_blocks: per_seq * max_batch,
+            num_blocks: per_seq * total_seqs.max(1),
         },
     )?;
     drop(files);
@@ -160,9 +225,46 @@ pub fn run(args: &BenchArgs) -> Result<()> {
         bytes as f64 / 1e6,
         roof
     );
-    let mut base = None;
+    if args.kernel_shapes {
+        let c = runner.config().clone();
+        let kvd = c.kv_heads() * c.head_dim();
+        let shapes = [
+            ("qkv", c.hidden_size + 2 * kvd, c.hidden_size),
+            ("o", c.hidden_size, c.hidden_size),
+            ("gate_up", 2 * c.intermediate_size, c.hidden_size),
+            ("down", c.hidden_size, c.intermediate_size),
+            ("lm_head", c.vocab_size, c.hidden_size),
+        ];
+        for &b in &args.batch {
+            for (name, n, k) in shapes {
+                let (gf, gb) = kernel_throughput(b, n, k, 5);
+                println!(
+                    "  kernel m={b:<3} {name:<8} n={n:<6} k={k:<5} {gf:7.1} GFLOP/s {gb:6.1} GB/s of weights"
+                );
+            }
+        }
+    }
+    let mut sets = Vec::new();
+    let mut first = 0;
     for &b in &args.batch {
-        let tps = decode_tokens_per_s(&mut runner, b, args.prompt_len, args.steps)?;
+        sets.push(DecodeSet::prefill(
+            &mut runner,
+            b,
+            args.prompt_len,
+            first,
+            per_seq,
+        )?);
+        first += b * per_seq;
+    }
+    let mut times: Vec<Vec<f64>> = vec![Vec::new(); sets.len()];
+    for _ in 0..ROUNDS {
+        for (set, t) in sets.iter_mut().zip(times.iter_mut()) {
+            t.extend(set.decode(&mut runner, args.steps)?);
+        }
+    }
+    let mut base = None;
+    for (&b, t) in args.batch.iter().zip(times) {
+        let tps = b as f64 / median(t);
         let base_tps = *base.get_or_insert(tps);
         println!(
             "batch {b:>3}: {tps:8.1} decode tok/s  ({:.2}x batch {}; {:.0}% of batch-1 roofline per stream)",

@@ -1,66 +1,150 @@
-//! `y[m, n] = x[m, k] · w[n, k]ᵀ` for row-major f32 slices.
-//!
-//! The output columns (weight rows) are split into chunks that run on the rayon pool; each
-//! chunk walks all `m` input rows in tiles of `R` rows × `O` weight rows, keeping the `R·O`
-//! partial sums in vector registers, so a weight row is read from memory once per call
-//! (GEMV: bandwidth bound) and reused `m` times from cache (GEMM: compute bound).
-//! The AVX-512 and AVX2+FMA paths are chosen at run time; a portable path is used otherwise.
-//! Results differ from a naive sum only by float reassociation.
+//! `y[m, n] = x[m, k] · wᵀ` with the weight `w: [n, k]` repacked once at load into panels of
+//! [`NR`] output columns: panel `p` holds `w[p·NR + j][t]` at `p·k·NR + t·NR + j` (rows past
+//! `n` are zero). The kernel is an outer product: for each `t` it loads the panel's `NR`
+//! weights (contiguous) and broadcasts `x[r][t]` for a tile of up to `MR` rows, keeping the
+//! `MR × NR` sums in vector registers; no horizontal reductions. One layout serves both
+//! cases: with one row it is a GEMV streaming the weights sequentially (bandwidth bound);
+//! with many rows each panel is reused from cache for every row tile (compute bound).
+//! Panels are split across the rayon pool. AVX-512 and AVX2+FMA paths are picked at run
+//! time, a portable one otherwise; results differ from a naive sum only by reassociation.
 
 use rayon::prelude::*;
 
-/// Computes `y = x · wᵀ`; `x: [m, k]`, `w: [n, k]`, `y: [m, n]`.
-///
-/// # Panics
-/// Never on consistent shapes; slices shorter than the shapes say are a caller bug and are
-/// caught by the debug assertion only.
-pub fn matmul_xwt(x: &[f32], m: usize, w: &[f32], n: usize, k: usize, y: &mut [f32]) {
-    debug_assert!(x.len() >= m * k && w.len() >= n * k && y.len() >= m * n);
-    if m == 0 || n == 0 {
-        return;
+/// Output columns per panel.
+pub const NR: usize = 32;
+/// Rows per register tile (AVX-512: 8 × 2 accumulators of 16 lanes).
+const MR: usize = 8;
+/// Inner-dimension slice: `KC · NR` floats of a panel (16 KiB) stay in L1 across row tiles.
+const KC: usize = 128;
+
+/// A weight matrix `[n, k]` in the panel layout described in the module note.
+#[derive(Debug, Clone)]
+pub struct PackedMatrix {
+    data: Vec<f32>,
+    n: usize,
+    k: usize,
+}
+
+impl PackedMatrix {
+    /// Repacks a row-major `[n, k]` matrix.
+    pub fn pack(w: &[f32], n: usize, k: usize) -> Self {
+        debug_assert_eq!(w.len(), n * k);
+        let panels = n.div_ceil(NR);
+        let mut data = vec![0f32; panels * k * NR];
+        for (o, row) in w.chunks_exact(k).enumerate().take(n) {
+            let (p, j) = (o / NR, o % NR);
+            let base = p * k * NR + j;
+            for (t, v) in row.iter().enumerate() {
+                data[base + t * NR] = *v;
+            }
+        }
+        Self { data, n, k }
     }
-    let isa = Isa::detect();
-    let chunk = chunk_rows(m, n);
-    let nchunks = n.div_ceil(chunk);
-    if nchunks == 1 {
-        compute_chunk(isa, x, m, w, k, 0, n, y, n);
-        return;
+
+    /// Output width.
+    pub fn n(&self) -> usize {
+        self.n
     }
-    // Each task fills a private [m, rows] block; blocks are scattered into y afterwards.
-    let blocks: Vec<Vec<f32>> = (0..nchunks)
-        .into_par_iter()
-        .map(|c| {
-            let o0 = c * chunk;
-            let rows = chunk.min(n - o0);
-            let mut out = vec![0f32; m * rows];
-            compute_chunk(
-                isa,
-                x,
-                m,
-                &w[o0 * k..(o0 + rows) * k],
-                k,
-                0,
-                rows,
-                &mut out,
-                rows,
-            );
-            out
-        })
-        .collect();
-    for (c, block) in blocks.iter().enumerate() {
-        let o0 = c * chunk;
-        let rows = chunk.min(n - o0);
-        for r in 0..m {
-            y[r * n + o0..r * n + o0 + rows].copy_from_slice(&block[r * rows..(r + 1) * rows]);
+
+    /// Input width.
+    pub fn k(&self) -> usize {
+        self.k
+    }
+
+    /// Bytes read by one pass over the weights.
+    pub fn bytes(&self) -> usize {
+        self.data.len() * 4
+    }
+
+    /// `y = x · wᵀ`; `x: [m, k]`, `y: [m, n]`.
+    pub fn matmul(&self, x: &[f32], m: usize, y: &mut [f32]) {
+        let (n, k) = (self.n, self.k);
+        assert!(x.len() >= m * k && y.len() >= m * n, "matmul shapes");
+        if m == 0 || n == 0 {
+            return;
+        }
+        self.matmul_with(Isa::detect(), x, m, y);
+    }
+
+    fn matmul_with(&self, isa: Isa, x: &[f32], m: usize, y: &mut [f32]) {
+        let n = self.n;
+        let panels = n.div_ceil(NR);
+        let threads = rayon::current_num_threads().max(1);
+        let tasks = if m == 1 { threads * 2 } else { threads * 4 };
+        let per_task = panels.div_ceil(tasks).max(1);
+        let out = OutPtr(y.as_mut_ptr());
+        (0..panels)
+            .into_par_iter()
+            .step_by(per_task)
+            .for_each(|p0| self.run_panels(isa, x, m, p0, (p0 + per_task).min(panels), out));
+    }
+
+    /// Computes output columns of panels `p0..p1` for all `m` rows into `out` (`[m, n]`).
+    fn run_panels(&self, isa: Isa, x: &[f32], m: usize, p0: usize, p1: usize, out: OutPtr) {
+        let k = self.k;
+        let row_tiles = m.div_ceil(MR);
+        let mut tiles = vec![[0f32; MR * NR]; row_tiles];
+        for p in p0..p1 {
+            let panel = &self.data[p * k * NR..(p + 1) * k * NR];
+            let cols = NR.min(self.n - p * NR);
+            // k is walked in slices of KC so the panel slice stays in L1 while every row
+            // tile uses it; partial sums live in `tiles` between slices.
+            let mut kc = 0;
+            while kc < k {
+                let kn = KC.min(k - kc);
+                let ps = &panel[kc * NR..(kc + kn) * NR];
+                for (ti, tile) in tiles.iter_mut().enumerate() {
+                    let r0 = ti * MR;
+                    let rows = MR.min(m - r0);
+                    let xs = &x[r0 * k + kc..(r0 + rows - 1) * k + kc + kn];
+                    let acc = kc > 0;
+                    match isa {
+                        #[cfg(target_arch = "x86_64")]
+                        Isa::Avx512 => x86::tile_avx512(xs, k, rows, ps, kn, tile, acc),
+                        #[cfg(target_arch = "x86_64")]
+                        Isa::Avx2 => x86::tile_avx2(xs, k, rows, ps, kn, tile, acc),
+                        _ => tile_portable(xs, k, rows, ps, kn, tile, acc),
+                    }
+                }
+                kc += kn;
+            }
+            for (ti, tile) in tiles.iter().enumerate() {
+                let r0 = ti * MR;
+                for r in 0..MR.min(m - r0) {
+                    out.write((r0 + r) * self.n + p * NR, &tile[r * NR..r * NR + cols]);
+                }
+            }
         }
     }
 }
 
-fn chunk_rows(m: usize, n: usize) -> usize {
-    // Enough tasks to balance two or more threads, but large enough to amortise dispatch.
-    let threads = rayon::current_num_threads().max(1);
-    let target = if m == 1 { threads * 2 } else { threads * 4 };
-    n.div_ceil(target).next_multiple_of(8).max(8)
+/// The output of [`PackedMatrix::matmul`], shared by the parallel tasks. Each task owns a
+/// disjoint set of panels, i.e. disjoint column ranges of every row, so no element is written
+/// by two tasks; the pointer is valid for `m·n` floats for the duration of the call (the
+/// `&mut` borrow of `y` is held across the parallel loop).
+#[derive(Clone, Copy)]
+struct OutPtr(*mut f32);
+
+// SAFETY: see the type note: writes are disjoint and the borrow outlives every task.
+#[allow(unsafe_code)]
+unsafe impl Send for OutPtr {}
+// SAFETY: as above.
+#[allow(unsafe_code)]
+unsafe impl Sync for OutPtr {}
+
+impl OutPtr {
+    /// Copies `src` to `y[at..at + src.len()]`; `at + src.len() <= m·n` by construction of
+    /// the panel loop (columns of a panel are clipped to `n`).
+    #[allow(unsafe_code)]
+    fn write(self, at: usize, src: &[f32]) {
+        // SAFETY: in bounds and not aliased by another task (type note).
+        unsafe { std::ptr::copy_nonoverlapping(src.as_ptr(), self.0.add(at), src.len()) }
+    }
+}
+
+/// Row-major convenience: packs `w: [n, k]` and multiplies (for tests and one-off use).
+pub fn matmul_xwt(x: &[f32], m: usize, w: &[f32], n: usize, k: usize, y: &mut [f32]) {
+    PackedMatrix::pack(w, n, k).matmul(x, m, y);
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -87,43 +171,27 @@ impl Isa {
     }
 }
 
-/// Fills `y[r * ldy + o]` for `r < m`, `o0 <= o < o1` (weight rows local to `w`).
-#[allow(clippy::too_many_arguments)]
-fn compute_chunk(
-    isa: Isa,
+/// `tile[r][j] (+)= Σ_t x[r·ldx + t] · panel[t][j]` for `r < rows`, `t < kn`; accumulates
+/// into `tile` when `acc`, else overwrites.
+fn tile_portable(
     x: &[f32],
-    m: usize,
-    w: &[f32],
-    k: usize,
-    o0: usize,
-    o1: usize,
-    y: &mut [f32],
-    ldy: usize,
+    ldx: usize,
+    rows: usize,
+    panel: &[f32],
+    kn: usize,
+    tile: &mut [f32; MR * NR],
+    acc: bool,
 ) {
-    match isa {
-        #[cfg(target_arch = "x86_64")]
-        Isa::Avx512 => x86::chunk_avx512(x, m, w, k, o0, o1, y, ldy),
-        #[cfg(target_arch = "x86_64")]
-        Isa::Avx2 => x86::chunk_avx2(x, m, w, k, o0, o1, y, ldy),
-        _ => portable_chunk(x, m, w, k, o0, o1, y, ldy),
+    if !acc {
+        tile.fill(0.0);
     }
-}
-
-#[allow(clippy::too_many_arguments)]
-fn portable_chunk(
-    x: &[f32],
-    m: usize,
-    w: &[f32],
-    k: usize,
-    o0: usize,
-    o1: usize,
-    y: &mut [f32],
-    ldy: usize,
-) {
-    for o in o0..o1 {
-        let wr = &w[o * k..(o + 1) * k];
-        for r in 0..m {
-            y[r * ldy + o] = dot(&x[r * k..(r + 1) * k], wr);
+    for r in 0..rows {
+        let out = &mut tile[r * NR..(r + 1) * NR];
+        for t in 0..kn {
+            let xv = x[r * ldx + t];
+            for (a, w) in out.iter_mut().zip(&panel[t * NR..(t + 1) * NR]) {
+                *a += xv * w;
+            }
         }
     }
 }
@@ -147,157 +215,152 @@ pub fn dot(a: &[f32], b: &[f32]) -> f32 {
     acc.iter().sum::<f32>() + tail
 }
 
-// SIMD intrinsics need `unsafe`: the functions are only entered after run-time feature
-// detection, and every pointer offset stays inside slices whose lengths were checked above.
+// SIMD intrinsics need `unsafe`: these functions are only entered after run-time feature
+// detection, and every pointer offset stays inside slices whose lengths are asserted first.
 #[cfg(target_arch = "x86_64")]
 #[allow(unsafe_code)]
 mod x86 {
+    use super::{MR, NR};
     use std::arch::x86_64::*;
 
-    macro_rules! tiled_chunk {
-        ($name:ident, $inner:ident, $feat:literal, $lanes:expr, $vec:ty, $zero:ident, $load:ident,
-         $fma:ident, $reduce:path, $tiles:expr) => {
-            #[allow(clippy::too_many_arguments)]
-            pub(super) fn $name(
-                x: &[f32],
-                m: usize,
-                w: &[f32],
-                k: usize,
-                o0: usize,
-                o1: usize,
-                y: &mut [f32],
-                ldy: usize,
-            ) {
-                assert!(x.len() >= m * k && w.len() >= o1 * k && y.len() >= (m - 1) * ldy + o1);
-                // SAFETY: the caller detected the CPU feature; bounds asserted above.
-                unsafe { $inner(x, m, w, k, o0, o1, y, ldy) }
+    pub(super) fn tile_avx512(
+        x: &[f32],
+        ldx: usize,
+        rows: usize,
+        panel: &[f32],
+        kn: usize,
+        tile: &mut [f32; MR * NR],
+        acc: bool,
+    ) {
+        assert!(rows >= 1 && rows <= MR && kn <= ldx);
+        assert!(x.len() >= (rows - 1) * ldx + kn && panel.len() >= kn * NR);
+        // SAFETY: avx512f detected by the caller; bounds asserted above.
+        unsafe {
+            match rows {
+                8 => t512::<8>(x, ldx, panel, kn, tile, acc),
+                7 => t512::<7>(x, ldx, panel, kn, tile, acc),
+                6 => t512::<6>(x, ldx, panel, kn, tile, acc),
+                5 => t512::<5>(x, ldx, panel, kn, tile, acc),
+                4 => t512::<4>(x, ldx, panel, kn, tile, acc),
+                3 => t512::<3>(x, ldx, panel, kn, tile, acc),
+                2 => t512::<2>(x, ldx, panel, kn, tile, acc),
+                _ => t512::<1>(x, ldx, panel, kn, tile, acc),
             }
+        }
+    }
 
-            #[target_feature(enable = $feat)]
-            #[allow(clippy::too_many_arguments)]
-            unsafe fn $inner(
-                x: &[f32],
-                m: usize,
-                w: &[f32],
-                k: usize,
-                o0: usize,
-                o1: usize,
-                y: &mut [f32],
-                ldy: usize,
-            ) {
-                let (rt, ot) = $tiles(m);
-                let mut o = o0;
-                while o < o1 {
-                    let on = ot.min(o1 - o);
-                    let mut r = 0;
-                    while r < m {
-                        let rn = rt.min(m - r);
-                        match (rn, on) {
-                            (4, 4) => tile::<4, 4>(x, w, k, r, o, y, ldy),
-                            (1, 8) => tile::<1, 8>(x, w, k, r, o, y, ldy),
-                            (2, 4) => tile::<2, 4>(x, w, k, r, o, y, ldy),
-                            _ => {
-                                for rr in r..r + rn {
-                                    for oo in o..o + on {
-                                        tile::<1, 1>(x, w, k, rr, oo, y, ldy);
-                                    }
-                                }
-                            }
-                        }
-                        r += rn;
-                    }
-                    o += on;
-                }
-
-                #[target_feature(enable = $feat)]
-                #[inline]
-                fn tile<const R: usize, const O: usize>(
-                    x: &[f32],
-                    w: &[f32],
-                    k: usize,
-                    r: usize,
-                    o: usize,
-                    y: &mut [f32],
-                    ldy: usize,
-                ) {
-                    // SAFETY: the enclosing function has the feature enabled; rows r..r+R of x
-                    // and o..o+O of w exist (checked by the caller's assert and tile bounds).
-                    unsafe {
-                        let xp = x.as_ptr().add(r * k);
-                        let wp = w.as_ptr().add(o * k);
-                        let mut acc: [[$vec; O]; R] = [[$zero(); O]; R];
-                        let kv = k - k % $lanes;
-                        let mut kk = 0;
-                        while kk < kv {
-                            let mut wv: [$vec; O] = [$zero(); O];
-                            for j in 0..O {
-                                wv[j] = $load(wp.add(j * k + kk));
-                            }
-                            for i in 0..R {
-                                let xv = $load(xp.add(i * k + kk));
-                                for j in 0..O {
-                                    acc[i][j] = $fma(xv, wv[j], acc[i][j]);
-                                }
-                            }
-                            kk += $lanes;
-                        }
-                        for i in 0..R {
-                            for j in 0..O {
-                                let mut s = $reduce(acc[i][j]);
-                                for t in kv..k {
-                                    s += *xp.add(i * k + t) * *wp.add(j * k + t);
-                                }
-                                y[(r + i) * ldy + o + j] = s;
-                            }
-                        }
-                    }
+    #[target_feature(enable = "avx512f")]
+    fn t512<const R: usize>(
+        x: &[f32],
+        ldx: usize,
+        panel: &[f32],
+        kn: usize,
+        tile: &mut [f32; MR * NR],
+        acc: bool,
+    ) {
+        // SAFETY: R rows of kn floats at stride ldx in x and kn·NR floats in panel (asserted
+        // by the caller); tile holds MR·NR ≥ R·NR floats.
+        unsafe {
+            let xp = x.as_ptr();
+            let mut wp = panel.as_ptr();
+            let tp = tile.as_mut_ptr();
+            let mut acc0 = [_mm512_setzero_ps(); R];
+            let mut acc1 = [_mm512_setzero_ps(); R];
+            if acc {
+                for r in 0..R {
+                    acc0[r] = _mm512_loadu_ps(tp.add(r * NR));
+                    acc1[r] = _mm512_loadu_ps(tp.add(r * NR + 16));
                 }
             }
-        };
+            for t in 0..kn {
+                let w0 = _mm512_loadu_ps(wp);
+                let w1 = _mm512_loadu_ps(wp.add(16));
+                for r in 0..R {
+                    let xv = _mm512_set1_ps(*xp.add(r * ldx + t));
+                    acc0[r] = _mm512_fmadd_ps(xv, w0, acc0[r]);
+                    acc1[r] = _mm512_fmadd_ps(xv, w1, acc1[r]);
+                }
+                wp = wp.add(NR);
+            }
+            for r in 0..R {
+                _mm512_storeu_ps(tp.add(r * NR), acc0[r]);
+                _mm512_storeu_ps(tp.add(r * NR + 16), acc1[r]);
+            }
+        }
+    }
+
+    pub(super) fn tile_avx2(
+        x: &[f32],
+        ldx: usize,
+        rows: usize,
+        panel: &[f32],
+        kn: usize,
+        tile: &mut [f32; MR * NR],
+        acc: bool,
+    ) {
+        assert!(rows >= 1 && rows <= MR && kn <= ldx);
+        assert!(x.len() >= (rows - 1) * ldx + kn && panel.len() >= kn * NR);
+        let mut r0 = 0;
+        while r0 < rows {
+            let n = (rows - r0).min(2);
+            let xs = &x[r0 * ldx..];
+            let (_, rest) = tile.split_at_mut(r0 * NR);
+            // SAFETY: avx2+fma detected by the caller; bounds asserted above.
+            unsafe {
+                if n == 2 {
+                    t256::<2>(xs, ldx, panel, kn, rest, acc);
+                } else {
+                    t256::<1>(xs, ldx, panel, kn, rest, acc);
+                }
+            }
+            r0 += n;
+        }
     }
 
     #[target_feature(enable = "avx2,fma")]
-    #[inline]
-    unsafe fn hsum256(v: __m256) -> f32 {
-        let lo = _mm256_castps256_ps128(v);
-        let hi = _mm256_extractf128_ps(v, 1);
-        let s = _mm_add_ps(lo, hi);
-        let s = _mm_add_ps(s, _mm_movehl_ps(s, s));
-        let s = _mm_add_ss(s, _mm_shuffle_ps(s, s, 1));
-        _mm_cvtss_f32(s)
+    fn t256<const R: usize>(
+        x: &[f32],
+        ldx: usize,
+        panel: &[f32],
+        kn: usize,
+        tile: &mut [f32],
+        acc_in: bool,
+    ) {
+        // SAFETY: as in t512, with R ≤ 2 rows and tile ≥ R·NR floats.
+        unsafe {
+            let xp = x.as_ptr();
+            let mut wp = panel.as_ptr();
+            let tp = tile.as_mut_ptr();
+            let mut acc = [[_mm256_setzero_ps(); 4]; R];
+            if acc_in {
+                for r in 0..R {
+                    for j in 0..4 {
+                        acc[r][j] = _mm256_loadu_ps(tp.add(r * NR + j * 8));
+                    }
+                }
+            }
+            for t in 0..kn {
+                let w = [
+                    _mm256_loadu_ps(wp),
+                    _mm256_loadu_ps(wp.add(8)),
+                    _mm256_loadu_ps(wp.add(16)),
+                    _mm256_loadu_ps(wp.add(24)),
+                ];
+                for r in 0..R {
+                    let xv = _mm256_set1_ps(*xp.add(r * ldx + t));
+                    for j in 0..4 {
+                        acc[r][j] = _mm256_fmadd_ps(xv, w[j], acc[r][j]);
+                    }
+                }
+                wp = wp.add(NR);
+            }
+            for r in 0..R {
+                for j in 0..4 {
+                    _mm256_storeu_ps(tp.add(r * NR + j * 8), acc[r][j]);
+                }
+            }
+        }
     }
-
-    fn tiles512(m: usize) -> (usize, usize) {
-        if m == 1 { (1, 8) } else { (4, 4) }
-    }
-    fn tiles256(m: usize) -> (usize, usize) {
-        if m == 1 { (1, 8) } else { (2, 4) }
-    }
-
-    tiled_chunk!(
-        chunk_avx512,
-        inner_avx512,
-        "avx512f",
-        16,
-        __m512,
-        _mm512_setzero_ps,
-        _mm512_loadu_ps,
-        _mm512_fmadd_ps,
-        _mm512_reduce_add_ps,
-        tiles512
-    );
-    tiled_chunk!(
-        chunk_avx2,
-        inner_avx2,
-        "avx2,fma",
-        8,
-        __m256,
-        _mm256_setzero_ps,
-        _mm256_loadu_ps,
-        _mm256_fmadd_ps,
-        hsum256,
-        tiles256
-    );
 }
 
 #[cfg(test)]
@@ -314,13 +377,12 @@ mod tests {
         y
     }
 
-    #[test]
-    fn matches_naive_on_odd_shapes() {
+    fn check(isa: Isa) {
         for &(m, n, k) in &[
             (1, 1, 1),
             (1, 37, 19),
-            (3, 70, 33),
-            (5, 129, 64),
+            (3, 70, 300),
+            (9, 129, 64),
             (32, 200, 96),
         ] {
             let x: Vec<f32> = (0..m * k)
@@ -329,14 +391,31 @@ mod tests {
             let w: Vec<f32> = (0..n * k)
                 .map(|i| ((i * 5 % 11) as f32 - 5.0) / 9.0)
                 .collect();
+            let p = PackedMatrix::pack(&w, n, k);
             let mut y = vec![0f32; m * n];
-            matmul_xwt(&x, m, &w, n, k, &mut y);
+            p.matmul_with(isa, &x, m, &mut y);
             let want = naive(&x, m, &w, n, k);
             for (a, b) in y.iter().zip(&want) {
                 assert!(
                     (a - b).abs() < 1e-4 * (1.0 + b.abs()),
-                    "{m}x{n}x{k}: {a} vs {b}"
+                    "{isa:?} {m}x{n}x{k}: {a} vs {b}"
                 );
+            }
+        }
+    }
+
+    #[test]
+    fn every_available_path_matches_naive() {
+        check(Isa::Portable);
+        #[cfg(target_arch = "x86_64")]
+        {
+            if std::arch::is_x86_feature_detected!("avx2")
+                && std::arch::is_x86_feature_detected!("fma")
+            {
+                check(Isa::Avx2);
+            }
+            if std::arch::is_x86_feature_detected!("avx512f") {
+                check(Isa::Avx512);
             }
         }
     }

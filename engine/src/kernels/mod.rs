@@ -6,4 +6,4 @@
 pub mod matmul;
 pub mod ops;
 
-pub use matmul::matmul_xwt;
+pub use matmul::{PackedMatrix, matmul_xwt};

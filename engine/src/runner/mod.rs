@@ -23,7 +23,6 @@ pub mod packed;
 
 use crate::block_io::BlockIo;
 use crate::error::{Error, Result};
-use crate::kernels::matmul_xwt;
 use crate::kernels::ops::{add_assign, rms_norm, rope_inv_freq, rope_row, silu_mul};
 use crate::model::{LlamaConfig, ModelFiles, Weights};
 use attention::{AttnShape, RowPos, paged_attention};
@@ -201,7 +200,7 @@ impl Runner {
                     &mut hn[r * h..(r + 1) * h],
                 );
             }
-            matmul_xwt(&hn, t, &layer.wqkv, qkv_w, h, &mut qkv);
+            layer.wqkv.matmul(&hn, t, &mut qkv);
             for (r, row) in rows.iter().enumerate() {
                 let q_k = &mut qkv[r * qkv_w..r * qkv_w + h + kvd];
                 rope_row(q_k, hd, row.pos, &self.inv_freq, &mut cs);
@@ -216,7 +215,7 @@ impl Runner {
                 );
             }
             paged_attention(&qkv, &rows, &self.kv, li, shape, &mut attn);
-            matmul_xwt(&attn, t, &layer.wo, h, h, &mut proj);
+            layer.wo.matmul(&attn, t, &mut proj);
             add_assign(&mut x, &proj);
             for r in 0..t {
                 rms_norm(
@@ -226,7 +225,7 @@ impl Runner {
                     &mut hn[r * h..(r + 1) * h],
                 );
             }
-            matmul_xwt(&hn, t, &layer.w_gate_up, 2 * inter, h, &mut gu);
+            layer.w_gate_up.matmul(&hn, t, &mut gu);
             for r in 0..t {
                 let row = &gu[r * 2 * inter..(r + 1) * 2 * inter];
                 silu_mul(
@@ -235,7 +234,7 @@ impl Runner {
                     &mut act[r * inter..(r + 1) * inter],
                 );
             }
-            matmul_xwt(&act, t, &layer.w_down, h, inter, &mut proj);
+            layer.w_down.matmul(&act, t, &mut proj);
             add_assign(&mut x, &proj);
         }
 
@@ -260,7 +259,7 @@ impl Runner {
         }
         let vocab = cfg.vocab_size;
         let mut logits = vec![0f32; l * vocab];
-        matmul_xwt(&normed, l, self.model.lm_head(), vocab, h, &mut logits);
+        self.model.lm_head.matmul(&normed, l, &mut logits);
         let mut per_row = logits.chunks_exact(vocab).map(<[f32]>::to_vec);
         Ok(batch
             .iter()

@@ -1,11 +1,13 @@
-//! The runner's weight layout: plain row-major `Vec<f32>` per matrix, `[out, in]`, with the
-//! projections that read the same input fused so one kernel call serves them
-//! (`wqkv = [q; k; v]`, `w_gate_up = [gate; up]`). Built once from [`Weights`]; the candle
-//! tensors can be dropped afterwards.
+//! The runner's weight layout: every projection is a [`PackedMatrix`] (panel layout chosen
+//! for the matmul kernel), with the projections that read the same input fused so one kernel
+//! call serves them (`wqkv = [q; k; v]`, `w_gate_up = [gate; up]`). Norm scales and the
+//! embedding (for row lookup) stay row-major. Built once from [`Weights`]; the candle tensors
+//! can be dropped afterwards.
 
 use candle_core::Tensor;
 
 use crate::error::Result;
+use crate::kernels::PackedMatrix;
 use crate::model::{LlamaConfig, Weights};
 
 /// One decoder layer, packed.
@@ -14,15 +16,15 @@ pub struct PackedLayer {
     /// Input RMSNorm scale `[hidden]`.
     pub attn_norm: Vec<f32>,
     /// `[(heads + 2·kv_heads)·head_dim, hidden]`.
-    pub wqkv: Vec<f32>,
+    pub wqkv: PackedMatrix,
     /// `[hidden, hidden]`.
-    pub wo: Vec<f32>,
+    pub wo: PackedMatrix,
     /// Post-attention RMSNorm scale `[hidden]`.
     pub ffn_norm: Vec<f32>,
     /// `[2·intermediate, hidden]`: gate rows then up rows.
-    pub w_gate_up: Vec<f32>,
+    pub w_gate_up: PackedMatrix,
     /// `[hidden, intermediate]`.
-    pub w_down: Vec<f32>,
+    pub w_down: PackedMatrix,
 }
 
 /// All weights, packed.
@@ -34,8 +36,8 @@ pub struct PackedModel {
     pub layers: Vec<PackedLayer>,
     /// Final norm scale.
     pub norm: Vec<f32>,
-    /// `[vocab, hidden]`; `None` when tied to `embed`.
-    pub lm_head: Option<Vec<f32>>,
+    /// `[vocab, hidden]` (a packed copy of `embed` when tied).
+    pub lm_head: PackedMatrix,
 }
 
 fn flat(t: &Tensor) -> Result<Vec<f32>> {
@@ -61,30 +63,26 @@ impl PackedModel {
             w_gate_up.extend(get("mlp.up_proj.weight", &[inter, h])?);
             layers.push(PackedLayer {
                 attn_norm: get("input_layernorm.weight", &[h])?,
-                wqkv,
-                wo: get("self_attn.o_proj.weight", &[h, h])?,
+                wqkv: PackedMatrix::pack(&wqkv, h + 2 * kvd, h),
+                wo: PackedMatrix::pack(&get("self_attn.o_proj.weight", &[h, h])?, h, h),
                 ffn_norm: get("post_attention_layernorm.weight", &[h])?,
-                w_gate_up,
-                w_down: get("mlp.down_proj.weight", &[h, inter])?,
+                w_gate_up: PackedMatrix::pack(&w_gate_up, 2 * inter, h),
+                w_down: PackedMatrix::pack(&get("mlp.down_proj.weight", &[h, inter])?, h, inter),
             });
         }
         let vh = [cfg.vocab_size, h];
+        let embed = flat(&w.get("model.embed_tokens.weight", &vh)?)?;
         let lm_head = if !cfg.tie_word_embeddings && w.contains("lm_head.weight") {
-            Some(flat(&w.get("lm_head.weight", &vh)?)?)
+            PackedMatrix::pack(&flat(&w.get("lm_head.weight", &vh)?)?, cfg.vocab_size, h)
         } else {
-            None
+            PackedMatrix::pack(&embed, cfg.vocab_size, h)
         };
         Ok(Self {
-            embed: flat(&w.get("model.embed_tokens.weight", &vh)?)?,
+            embed,
             layers,
             norm: flat(&w.get("model.norm.weight", &[h])?)?,
             lm_head,
         })
-    }
-
-    /// The LM head matrix (the embedding when tied).
-    pub fn lm_head(&self) -> &[f32] {
-        self.lm_head.as_deref().unwrap_or(&self.embed)
     }
 
     /// Bytes of weights read per decode step (every matrix once, plus one embedding row).
@@ -93,14 +91,13 @@ impl PackedModel {
             .layers
             .iter()
             .map(|l| {
-                l.attn_norm.len()
-                    + l.wqkv.len()
-                    + l.wo.len()
-                    + l.ffn_norm.len()
-                    + l.w_gate_up.len()
-                    + l.w_down.len()
+                (l.attn_norm.len() + l.ffn_norm.len()) * 4
+                    + l.wqkv.bytes()
+                    + l.wo.bytes()
+                    + l.w_gate_up.bytes()
+                    + l.w_down.bytes()
             })
             .sum();
-        (layers + self.norm.len() + self.lm_head().len() + hidden) * 4
+        layers + (self.norm.len() + hidden) * 4 + self.lm_head.bytes()
     }
 }
