@@ -140,7 +140,7 @@ mod tests {
             .scan(Sampler::new(p), |s, _| Some(s.sample(&logits)))
             .collect();
         assert_eq!(a, b);
-        assert!(a.iter().any(|&t| t == 3) && a.iter().any(|&t| t == 1));
+        assert!(a.contains(&3) && a.contains(&1));
         let nucleus = SamplingParams { top_p: 0.4, ..p };
         let mut s = Sampler::new(nucleus);
         assert!((0..50).all(|_| s.sample(&logits) == 1));

@@ -1,6 +1,7 @@
 //! Batching invariants of the paged runner on the random model: batched decode of N
 //! sequences equals their one-by-one decode, paged attention (scattered blocks) equals the
 //! dense candle reference, and chunked prefill equals one-shot prefill.
+#![allow(clippy::unwrap_used, clippy::needless_range_loop)] // test code
 
 mod common;
 

@@ -1,6 +1,7 @@
 //! The Rust forward passes (paged runner and dense candle reference) against golden logits
 //! computed by an independent reference (tests/reference/golden.py) on the seed-42 random
 //! model.
+#![allow(clippy::unwrap_used, clippy::needless_range_loop)] // test code
 
 mod common;
 

@@ -1,5 +1,6 @@
 //! SmolLM2-135M-Instruct (GGUF) answers a factual question correctly with greedy decoding.
 //! Runs only when models/smollm2 has been fetched (scripts/fetch-model.sh).
+#![allow(clippy::unwrap_used, clippy::needless_range_loop)] // test code
 
 mod common;
 

@@ -1,5 +1,6 @@
 //! Tokenizer round trips (random model's BPE; SmolLM2's GGUF tokenizer when present) and the
 //! ChatML template.
+#![allow(clippy::unwrap_used, clippy::needless_range_loop)] // test code
 
 mod common;
 

@@ -219,6 +219,7 @@ pub fn dot(a: &[f32], b: &[f32]) -> f32 {
 // detection, and every pointer offset stays inside slices whose lengths are asserted first.
 #[cfg(target_arch = "x86_64")]
 #[allow(unsafe_code)]
+#[allow(clippy::needless_range_loop)] // register tiles read clearest as indexed arrays
 mod x86 {
     use super::{MR, NR};
     use std::arch::x86_64::*;
@@ -232,7 +233,7 @@ mod x86 {
         tile: &mut [f32; MR * NR],
         acc: bool,
     ) {
-        assert!(rows >= 1 && rows <= MR && kn <= ldx);
+        assert!((1..=MR).contains(&rows) && kn <= ldx);
         assert!(x.len() >= (rows - 1) * ldx + kn && panel.len() >= kn * NR);
         // SAFETY: avx512f detected by the caller; bounds asserted above.
         unsafe {
@@ -298,7 +299,7 @@ mod x86 {
         tile: &mut [f32; MR * NR],
         acc: bool,
     ) {
-        assert!(rows >= 1 && rows <= MR && kn <= ldx);
+        assert!((1..=MR).contains(&rows) && kn <= ldx);
         assert!(x.len() >= (rows - 1) * ldx + kn && panel.len() >= kn * NR);
         let mut r0 = 0;
         while r0 < rows {

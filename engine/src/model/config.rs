@@ -74,19 +74,19 @@ impl LlamaConfig {
     /// Checks the shape invariants every other part relies on.
     pub fn validate(&self) -> Result<()> {
         let heads = self.num_attention_heads;
-        if heads == 0 || self.hidden_size % heads != 0 {
+        if heads == 0 || !self.hidden_size.is_multiple_of(heads) {
             return Err(Error::Config(format!(
                 "hidden_size {} not divisible by num_attention_heads {heads}",
                 self.hidden_size
             )));
         }
         let kv = self.kv_heads();
-        if kv == 0 || heads % kv != 0 {
+        if kv == 0 || !heads.is_multiple_of(kv) {
             return Err(Error::Config(format!(
                 "num_attention_heads {heads} not divisible by num_key_value_heads {kv}"
             )));
         }
-        if self.head_dim() % 2 != 0 {
+        if !self.head_dim().is_multiple_of(2) {
             return Err(Error::Config("head_dim must be even for RoPE".into()));
         }
         if self.num_hidden_layers == 0 || self.vocab_size == 0 || self.intermediate_size == 0 {

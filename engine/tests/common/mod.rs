@@ -1,6 +1,6 @@
 //! Shared test helpers: the seed-42 random model written once per test binary into a
 //! private temporary directory, and a float comparison.
-#![allow(dead_code)]
+#![allow(dead_code, clippy::unwrap_used)]
 
 use std::path::PathBuf;
 use std::sync::OnceLock;
