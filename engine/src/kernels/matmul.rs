@@ -196,7 +196,9 @@ fn tile_portable(
     }
 }
 
-/// Portable dot product with 8 independent accumulators (vectorises without target flags).
+/// Portable dot product with 8 independent accumulators (vectorises without target flags;
+/// inlined so callers compiled with wider SIMD get wider code).
+#[inline(always)]
 pub fn dot(a: &[f32], b: &[f32]) -> f32 {
     let mut acc = [0f32; 8];
     let ca = a.chunks_exact(8);

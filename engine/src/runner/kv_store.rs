@@ -1,6 +1,7 @@
 //! Preallocated paged KV storage: for each layer one K and one V buffer laid out
-//! `[num_blocks, block_size, kv_heads, head_dim]` (f32). Token position `p` of a sequence
-//! lives in block `block_table[p / block_size]`, slot `p % block_size`. The store never
+//! `[num_blocks, kv_heads, block_size, head_dim]` (f32), so one kv head's keys of a block are
+//! contiguous for attention to stream. Token position `p` of a sequence lives in block
+//! `block_table[p / block_size]`, slot `p % block_size`. The store never
 //! allocates after construction and knows nothing about which sequence owns a block.
 
 use crate::block_io::BlockIo;
@@ -11,7 +12,8 @@ use crate::error::{Error, Result};
 pub struct KvStore {
     block_size: usize,
     num_blocks: usize,
-    row: usize, // kv_heads * head_dim
+    kv_heads: usize,
+    head_dim: usize,
     k: Vec<Vec<f32>>,
     v: Vec<Vec<f32>>,
 }
@@ -25,12 +27,12 @@ impl KvStore {
         block_size: usize,
         num_blocks: usize,
     ) -> Self {
-        let row = kv_heads * head_dim;
-        let per_layer = num_blocks * block_size * row;
+        let per_layer = num_blocks * block_size * kv_heads * head_dim;
         Self {
             block_size,
             num_blocks,
-            row,
+            kv_heads,
+            head_dim,
             k: (0..layers).map(|_| vec![0.0; per_layer]).collect(),
             v: (0..layers).map(|_| vec![0.0; per_layer]).collect(),
         }
@@ -51,10 +53,14 @@ impl KvStore {
         self.block_size
     }
 
-    /// Offset of (block, slot) in a layer buffer.
+    /// Offset of (block, kv head, slot 0) in a layer buffer; slot `s` is `s · head_dim` on.
     #[inline]
-    pub fn offset(&self, block: u32, slot: usize) -> usize {
-        (block as usize * self.block_size + slot) * self.row
+    pub fn head_offset(&self, block: u32, kv_head: usize) -> usize {
+        ((block as usize * self.kv_heads + kv_head) * self.block_size) * self.head_dim
+    }
+
+    fn block_floats(&self) -> usize {
+        self.block_size * self.kv_heads * self.head_dim
     }
 
     /// K and V buffers of one layer.
@@ -62,11 +68,14 @@ impl KvStore {
         (&self.k[layer], &self.v[layer])
     }
 
-    /// Writes one token's K and V rows for a layer.
+    /// Writes one token's K and V rows (`[kv_heads · head_dim]` each) for a layer.
     pub fn write_token(&mut self, layer: usize, block: u32, slot: usize, k: &[f32], v: &[f32]) {
-        let off = self.offset(block, slot);
-        self.k[layer][off..off + self.row].copy_from_slice(k);
-        self.v[layer][off..off + self.row].copy_from_slice(v);
+        let hd = self.head_dim;
+        for h in 0..self.kv_heads {
+            let off = self.head_offset(block, h) + slot * hd;
+            self.k[layer][off..off + hd].copy_from_slice(&k[h * hd..(h + 1) * hd]);
+            self.v[layer][off..off + hd].copy_from_slice(&v[h * hd..(h + 1) * hd]);
+        }
     }
 
     fn check(&self, block: u32) -> Result<std::ops::Range<usize>> {
@@ -76,14 +85,14 @@ impl KvStore {
                 self.num_blocks
             )));
         }
-        let start = self.offset(block, 0);
-        Ok(start..start + self.block_size * self.row)
+        let start = self.head_offset(block, 0);
+        Ok(start..start + self.block_floats())
     }
 }
 
 impl BlockIo for KvStore {
     fn block_bytes(&self) -> usize {
-        self.k.len() * 2 * self.block_size * self.row * 4
+        self.k.len() * 2 * self.block_floats() * 4
     }
 
     fn num_blocks(&self) -> usize {

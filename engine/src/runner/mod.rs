@@ -28,6 +28,7 @@ use crate::model::{LlamaConfig, ModelFiles, Weights};
 use attention::{AttnShape, RowPos, paged_attention};
 pub use kv_store::KvStore;
 pub use packed::PackedModel;
+use rayon::prelude::*;
 
 /// One sequence's share of a step.
 #[derive(Debug, Clone, Copy)]
@@ -192,14 +193,7 @@ impl Runner {
         };
 
         for (li, layer) in self.model.layers.iter().enumerate() {
-            for r in 0..t {
-                rms_norm(
-                    &x[r * h..(r + 1) * h],
-                    &layer.attn_norm,
-                    eps,
-                    &mut hn[r * h..(r + 1) * h],
-                );
-            }
+            norm_rows(&x, &layer.attn_norm, eps, h, &mut hn);
             layer.wqkv.matmul(&hn, t, &mut qkv);
             for (r, row) in rows.iter().enumerate() {
                 let q_k = &mut qkv[r * qkv_w..r * qkv_w + h + kvd];
@@ -217,23 +211,12 @@ impl Runner {
             paged_attention(&qkv, &rows, &self.kv, li, shape, &mut attn);
             layer.wo.matmul(&attn, t, &mut proj);
             add_assign(&mut x, &proj);
-            for r in 0..t {
-                rms_norm(
-                    &x[r * h..(r + 1) * h],
-                    &layer.ffn_norm,
-                    eps,
-                    &mut hn[r * h..(r + 1) * h],
-                );
-            }
+            norm_rows(&x, &layer.ffn_norm, eps, h, &mut hn);
             layer.w_gate_up.matmul(&hn, t, &mut gu);
-            for r in 0..t {
-                let row = &gu[r * 2 * inter..(r + 1) * 2 * inter];
-                silu_mul(
-                    &row[..inter],
-                    &row[inter..],
-                    &mut act[r * inter..(r + 1) * inter],
-                );
-            }
+            act.par_chunks_mut(inter)
+                .zip(gu.par_chunks(2 * inter))
+                .with_min_len(ROWS_PER_TASK)
+                .for_each(|(a, row)| silu_mul(&row[..inter], &row[inter..], a));
             layer.w_down.matmul(&act, t, &mut proj);
             add_assign(&mut x, &proj);
         }
@@ -266,6 +249,17 @@ impl Runner {
             .map(|c| if c.want_logits { per_row.next() } else { None })
             .collect())
     }
+}
+
+/// Row-wise work is split across threads only in chunks of this many rows.
+const ROWS_PER_TASK: usize = 16;
+
+/// RMSNorm of every `h`-wide row of `x` into `out`.
+fn norm_rows(x: &[f32], w: &[f32], eps: f32, h: usize, out: &mut [f32]) {
+    out.par_chunks_mut(h)
+        .zip(x.par_chunks(h))
+        .with_min_len(ROWS_PER_TASK)
+        .for_each(|(o, r)| rms_norm(r, w, eps, o));
 }
 
 impl BlockIo for Runner {
