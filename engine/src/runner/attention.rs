@@ -43,7 +43,7 @@ pub fn paged_attention(
     out: &mut [f32],
 ) {
     let group = s.heads / s.kv_heads;
-    let avx512 = has_avx512() && s.head_dim % 16 == 0;
+    let avx512 = has_avx512() && s.head_dim.is_multiple_of(16);
     // One task per (row, kv head): the `group` query heads sharing a kv head are adjacent in
     // `out`, so each K/V row is loaded once for all of them.
     out.par_chunks_mut(group * s.head_dim)
@@ -159,7 +159,7 @@ mod avx512 {
     #[target_feature(enable = "avx512f")]
     #[inline]
     fn dot16(a: &[f32], b: &[f32]) -> f32 {
-        assert!(a.len() == b.len() && a.len() % 16 == 0);
+        assert!(a.len() == b.len() && a.len().is_multiple_of(16));
         // SAFETY: in-bounds loads of whole 16-float groups (asserted).
         unsafe {
             // Two accumulators halve the FMA dependency chain.
@@ -181,7 +181,7 @@ mod avx512 {
     #[target_feature(enable = "avx512f")]
     #[inline]
     fn axpy16(y: &mut [f32], a: f32, x: &[f32]) {
-        assert!(y.len() == x.len() && y.len() % 16 == 0);
+        assert!(y.len() == x.len() && y.len().is_multiple_of(16));
         // SAFETY: in-bounds loads/stores of whole 16-float groups (asserted).
         unsafe {
             let av = _mm512_set1_ps(a);
