@@ -42,7 +42,7 @@ pub struct Bandwidth {
     pub copy: f64,
 }
 
-/// Measures read and copy bandwidth on a 256 MiB buffer (best of a few passes).
+/// Measures read and copy bandwidth on a 256 MiB buffer (best of 8 passes).
 pub fn measure_bandwidth() -> Bandwidth {
     let n = 64 << 20; // f32s = 256 MiB
     let src: Vec<f32> = (0..n).map(|i| (i % 7) as f32).collect();
@@ -50,7 +50,7 @@ pub fn measure_bandwidth() -> Bandwidth {
     let bytes = (n * 4) as f64;
     let mut read = 0f64;
     let mut copy = 0f64;
-    for _ in 0..4 {
+    for _ in 0..8 {
         let t = Instant::now();
         let s: f32 = src.par_chunks(1 << 16).map(sum_wide).sum();
         std::hint::black_box(s);

@@ -12,8 +12,8 @@ use rayon::prelude::*;
 
 /// Output columns per panel.
 pub const NR: usize = 32;
-/// Rows per register tile (AVX-512: 8 × 2 accumulators of 16 lanes).
-const MR: usize = 8;
+/// Rows per register tile (AVX-512: 12 × 2 accumulators of 16 lanes, 24 of 32 registers).
+const MR: usize = 12;
 /// Inner-dimension slice: `KC · NR` floats of a panel (16 KiB) stay in L1 across row tiles.
 const KC: usize = 128;
 
@@ -240,6 +240,10 @@ mod x86 {
         // SAFETY: avx512f detected by the caller; bounds asserted above.
         unsafe {
             match rows {
+                12 => t512::<12>(x, ldx, panel, kn, tile, acc),
+                11 => t512::<11>(x, ldx, panel, kn, tile, acc),
+                10 => t512::<10>(x, ldx, panel, kn, tile, acc),
+                9 => t512::<9>(x, ldx, panel, kn, tile, acc),
                 8 => t512::<8>(x, ldx, panel, kn, tile, acc),
                 7 => t512::<7>(x, ldx, panel, kn, tile, acc),
                 6 => t512::<6>(x, ldx, panel, kn, tile, acc),
