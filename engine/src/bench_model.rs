@@ -8,6 +8,7 @@ use std::time::Instant;
 
 use rayon::prelude::*;
 
+use crate::block_io::BlockIo;
 use crate::error::Result;
 use crate::model::ModelFiles;
 use crate::runner::{Runner, RunnerConfig, SeqChunk};
@@ -31,6 +32,9 @@ pub struct BenchArgs {
     /// Also print the matmul kernel's speed on each of the model's projection shapes.
     #[arg(long)]
     pub kernel_shapes: bool,
+    /// History length for the prefill (recompute) vs block restore comparison; 0 skips it.
+    #[arg(long, default_value_t = 1000)]
+    pub history: usize,
 }
 
 /// Measured memory bandwidth, bytes per second.
@@ -77,17 +81,21 @@ fn sum_wide(c: &[f32]) -> f32 {
 }
 
 /// Throughput of the matmul kernel alone for `[m, k] x [n, k]ᵀ`: (GFLOP/s, weight GB/s),
-/// best of `reps` calls.
+/// best of `reps` rounds over copies of the weight totalling more than the caches hold.
 pub fn kernel_throughput(m: usize, n: usize, k: usize, reps: usize) -> (f64, f64) {
     let x: Vec<f32> = (0..m * k).map(|i| (i % 13) as f32 * 0.1).collect();
     let w: Vec<f32> = (0..n * k).map(|i| (i % 7) as f32 * 0.1).collect();
-    let packed = crate::kernels::PackedMatrix::pack(&w, n, k);
+    // Enough copies to exceed the last-level cache, as a whole model does when decoding.
+    let copies = (96 << 20) / (n * k * 4) + 1;
+    let packed: Vec<_> = (0..copies)
+        .map(|_| crate::kernels::PackedMatrix::pack(&w, n, k))
+        .collect();
     drop(w);
     let mut y = vec![0f32; m * n];
     let mut best = f64::INFINITY;
-    for _ in 0..reps.max(1) {
+    for i in 0..reps.max(1) * copies {
         let t = Instant::now();
-        packed.matmul(&x, m, &mut y);
+        packed[i % copies].matmul(&x, m, &mut y);
         best = best.min(t.elapsed().as_secs_f64());
     }
     std::hint::black_box(&y);
@@ -186,6 +194,36 @@ fn median(mut v: Vec<f64>) -> f64 {
     v.get(v.len() / 2).copied().unwrap_or(f64::INFINITY)
 }
 
+/// Times a one-shot prefill of `history` tokens (recompute) against restoring the same
+/// blocks from host-RAM images through [`BlockIo`]; returns (prefill s, restore s).
+pub fn recompute_vs_restore(runner: &mut Runner, history: usize) -> Result<(f64, f64)> {
+    let bs = runner.block_size();
+    let table: Vec<u32> = (0..history.div_ceil(bs) as u32).collect();
+    let vocab = runner.config().vocab_size as u32;
+    let tokens: Vec<u32> = (0..history)
+        .map(|i| (i as u32 * 7919 + 3) % vocab)
+        .collect();
+    let t0 = Instant::now();
+    runner.step(&[SeqChunk {
+        tokens: &tokens,
+        start_pos: 0,
+        block_table: &table,
+        want_logits: true,
+    }])?;
+    let prefill = t0.elapsed().as_secs_f64();
+    let mut images = Vec::with_capacity(table.len());
+    for &b in &table {
+        let mut img = Vec::new();
+        runner.read_block(b, &mut img)?;
+        images.push(img);
+    }
+    let t0 = Instant::now();
+    for (&b, img) in table.iter().zip(&images) {
+        runner.write_block(b, img)?;
+    }
+    Ok((prefill, t0.elapsed().as_secs_f64()))
+}
+
 /// Number of alternating measurement rounds (batch sizes interleaved to cancel load drift).
 const ROUNDS: usize = 3;
 
@@ -208,11 +246,12 @@ pub fn run(args: &BenchArgs) -> Result<()> {
     let block_size = 16;
     let per_seq = (args.prompt_len + ROUNDS * args.steps + 1).div_ceil(block_size);
     let total_seqs: usize = args.batch.iter().sum();
+    let history_blocks = args.history.div_ceil(block_size);
     let mut runner = Runner::new(
         &files,
         RunnerConfig {
             block_size,
-            num_blocks: per_seq * total_seqs.max(1),
+            num_blocks: (per_seq * total_seqs).max(history_blocks).max(1),
         },
     )?;
     drop(files);
@@ -243,6 +282,17 @@ pub fn run(args: &BenchArgs) -> Result<()> {
                 );
             }
         }
+    }
+    if args.history > 0 {
+        let (prefill, restore) = recompute_vs_restore(&mut runner, args.history)?;
+        println!(
+            "history of {} tokens: recompute (prefill) {:.0} ms ({:.0} tok/s), restore from host RAM {:.1} ms ({:.0}x faster)",
+            args.history,
+            prefill * 1e3,
+            args.history as f64 / prefill,
+            restore * 1e3,
+            prefill / restore
+        );
     }
     let mut sets = Vec::new();
     let mut first = 0;

@@ -223,7 +223,7 @@ pub fn dot(a: &[f32], b: &[f32]) -> f32 {
 #[allow(unsafe_code)]
 #[allow(clippy::needless_range_loop)] // register tiles read clearest as indexed arrays
 mod x86 {
-    use super::{MR, NR};
+    use super::{KC, MR, NR};
     use std::arch::x86_64::*;
 
     pub(super) fn tile_avx512(
@@ -280,6 +280,11 @@ mod x86 {
                 }
             }
             for t in 0..kn {
+                // Weights stream from DRAM (the model is far larger than the caches): fetch
+                // one k-slice ahead so the first row tile does not stall on every line.
+                let ahead = wp.wrapping_add(KC * NR) as *const i8;
+                _mm_prefetch::<_MM_HINT_T0>(ahead);
+                _mm_prefetch::<_MM_HINT_T0>(ahead.wrapping_add(64));
                 let w0 = _mm512_loadu_ps(wp);
                 let w1 = _mm512_loadu_ps(wp.add(16));
                 for r in 0..R {

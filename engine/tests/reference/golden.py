@@ -5,8 +5,8 @@ A Llama decoder written directly from the equations (RMSNorm, half-split RoPE wi
 config's theta, grouped-query causal attention, SwiGLU, tied embeddings), in float64, reading
 the Hugging Face files (config.json + model.safetensors, parsed by hand) of the random model:
 
-    tidegate-engine gen-random-model --out /tmp/random-model --seed 42
-    python3 engine/tests/reference/golden.py /tmp/random-model engine/tests/fixtures/golden_random.json
+    tidegate-engine gen-random-model --out MODEL_DIR --seed 42
+    python3 engine/tests/reference/golden.py MODEL_DIR engine/tests/fixtures/golden_random.json
 
 CI does not run this script; it only compares the Rust forward pass to the committed output.
 Regenerate the fixture whenever the random-model generator changes.
