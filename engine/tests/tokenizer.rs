@@ -4,7 +4,7 @@
 
 mod common;
 
-use tidegate_engine::model::{ChatMessage, ModelFiles, Tokenizer, chat_prompt};
+use tidegate_engine::model::{ChatMessage, ModelFiles, TextStream, Tokenizer, chat_prompt};
 
 const TEXTS: &[&str] = &[
     "Hello",
@@ -32,6 +32,16 @@ fn check_round_trip(tok: &Tokenizer) {
     assert_eq!(ids[0], im_start, "special token is one id");
     assert_eq!(ids.iter().filter(|&&i| i == im_start).count(), 1);
     assert!(!tok.eos_ids().is_empty());
+    // Streaming one id at a time reproduces the text, never splitting a UTF-8 character.
+    for text in TEXTS {
+        let ids = tok.encode(text).unwrap();
+        let mut stream = TextStream::new();
+        let mut out = String::new();
+        for &id in &ids {
+            out.push_str(&stream.push(tok, id).unwrap());
+        }
+        assert_eq!(out, tok.decode_text(&ids).unwrap(), "streamed {text:?}");
+    }
 }
 
 #[test]

@@ -17,7 +17,7 @@ use candle_core::quantized::gguf_file;
 
 pub use config::LlamaConfig;
 pub use llama::Llama;
-pub use tokenizer::{ChatMessage, Tokenizer, chat_prompt};
+pub use tokenizer::{ChatMessage, TextStream, Tokenizer, chat_prompt};
 pub use weights::Weights;
 
 use crate::error::{Error, Result};

@@ -135,6 +135,41 @@ impl Tokenizer {
     }
 }
 
+/// Incremental detokenizer for streaming: feed generated ids one at a time and get the text
+/// they add. A token that ends inside a multi-byte UTF-8 character yields nothing until the
+/// character completes, so the concatenated deltas always equal `decode_text(all ids)`.
+#[derive(Debug, Clone, Default)]
+pub struct TextStream {
+    ids: Vec<u32>,
+    prefix: usize,
+    read: usize,
+}
+
+impl TextStream {
+    /// An empty stream.
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// Adds one generated id; returns the newly completed text (possibly empty).
+    pub fn push(&mut self, tok: &Tokenizer, id: u32) -> Result<String> {
+        self.ids.push(id);
+        let before = tok.decode_text(&self.ids[self.prefix..self.read])?;
+        let after = tok.decode_text(&self.ids[self.prefix..])?;
+        if after.len() > before.len() && !after.ends_with('\u{FFFD}') {
+            let delta = after
+                .get(before.len()..)
+                .map(str::to_string)
+                .unwrap_or_default();
+            self.prefix = self.read;
+            self.read = self.ids.len();
+            Ok(delta)
+        } else {
+            Ok(String::new())
+        }
+    }
+}
+
 /// Renders messages with the ChatML template used by SmolLM2
 /// (`<|im_start|>role\ncontent<|im_end|>\n`), ending with an open assistant turn when
 /// `add_generation_prompt` is set.
