@@ -253,3 +253,115 @@ fn bad_batches_are_refused() {
     };
     assert!(runner.step(&[bad_token]).is_err());
 }
+
+#[test]
+fn offloaded_blocks_restore_exactly() {
+    use tidegate_engine::block_io::BlockIo;
+    let files = common::random_model();
+    let rc = RunnerConfig {
+        block_size: 4,
+        num_blocks: 8,
+    };
+    let prompt = &prompts()[1];
+    let table: Vec<u32> = vec![6, 1, 3, 0];
+    let want = run_alone(&mut Runner::new(&files, rc).unwrap(), prompt, &table, 2);
+
+    let mut runner = Runner::new(&files, rc).unwrap();
+    let out = runner
+        .step(&[SeqChunk {
+            tokens: prompt,
+            start_pos: 0,
+            block_table: &table,
+            want_logits: true,
+        }])
+        .unwrap();
+    let first = out[0].clone().unwrap();
+    // Offload the sequence's blocks, let another sequence overwrite them, restore them into
+    // different block ids, and continue decoding there.
+    let images: Vec<Vec<u8>> = table
+        .iter()
+        .map(|&b| {
+            let mut img = Vec::new();
+            runner.read_block(b, &mut img).unwrap();
+            img
+        })
+        .collect();
+    let other = [9u32; 16];
+    runner
+        .step(&[SeqChunk {
+            tokens: &other,
+            start_pos: 0,
+            block_table: &table,
+            want_logits: false,
+        }])
+        .unwrap();
+    let moved: Vec<u32> = vec![2, 5, 7, 4];
+    for (&b, img) in moved.iter().zip(&images) {
+        runner.write_block(b, img).unwrap();
+    }
+    let mut logits = vec![first];
+    for step in 0..2 {
+        let tok = [argmax(logits.last().unwrap())];
+        let out = runner
+            .step(&[SeqChunk {
+                tokens: &tok,
+                start_pos: prompt.len() + step,
+                block_table: &moved,
+                want_logits: true,
+            }])
+            .unwrap();
+        logits.push(out[0].clone().unwrap());
+    }
+    for (i, (a, b)) in logits.iter().zip(&want).enumerate() {
+        common::assert_close(a, b, TOL, &format!("after restore, step {i}"));
+    }
+}
+
+#[test]
+fn shared_prefix_blocks_are_reused_and_copy_on_write_works() {
+    use tidegate_engine::block_io::BlockIo;
+    let files = common::random_model();
+    let rc = RunnerConfig {
+        block_size: 4,
+        num_blocks: 16,
+    };
+    // Two prompts sharing their first 8 tokens (two full blocks).
+    let shared: Vec<u32> = vec![1, 40, 41, 300, 12, 77, 78, 79];
+    let a: Vec<u32> = shared.iter().copied().chain([5, 6, 7]).collect();
+    let b: Vec<u32> = shared.iter().copied().chain([200, 201]).collect();
+    let b_alone = run_alone(&mut Runner::new(&files, rc).unwrap(), &b, &[0, 1, 2], 0);
+
+    let mut runner = Runner::new(&files, rc).unwrap();
+    let ta: Vec<u32> = vec![3, 4, 5];
+    runner
+        .step(&[SeqChunk {
+            tokens: &a,
+            start_pos: 0,
+            block_table: &ta,
+            want_logits: true,
+        }])
+        .unwrap();
+    // B points at A's two full prefix blocks and only computes its own suffix.
+    let tb: Vec<u32> = vec![3, 4, 9];
+    let out = runner
+        .step(&[SeqChunk {
+            tokens: &b[8..],
+            start_pos: 8,
+            block_table: &tb,
+            want_logits: true,
+        }])
+        .unwrap();
+    common::assert_close(out[0].as_ref().unwrap(), &b_alone[0], TOL, "shared prefix");
+    // A copy of a shared block behaves like the original.
+    runner.copy_block(4, 10).unwrap();
+    let tb2: Vec<u32> = vec![3, 10, 11];
+    let out = runner
+        .step(&[SeqChunk {
+            tokens: &b[8..],
+            start_pos: 8,
+            block_table: &tb2,
+            want_logits: true,
+        }])
+        .unwrap();
+    common::assert_close(out[0].as_ref().unwrap(), &b_alone[0], TOL, "copied block");
+}
