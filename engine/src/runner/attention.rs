@@ -2,13 +2,13 @@
 //! position `pos`) attends to positions `0..=pos` of its own sequence, read through that
 //! sequence's block table from the [`KvStore`]; the caller has already written this step's
 //! K/V rows, so tokens of a prefill chunk see each other causally. Grouped-query: query head
-//! `h` reads kv head `h / (heads / kv_heads)`. Work is split over (row, head) on rayon; the
-//! per-head loop is compiled a second time with AVX-512 enabled and picked at run time.
+//! `h` reads kv head `h / (heads / kv_heads)`. Work is split over (row, kv head) on rayon;
+//! with 16-token blocks and AVX-512 the scores of a block are one FMA sweep over the
+//! transposed keys (picked at run time), otherwise a portable loop does the same.
 
 use rayon::prelude::*;
 
 use super::kv_store::KvStore;
-use crate::kernels::matmul::dot;
 use crate::kernels::ops::softmax;
 
 /// Where one batch row sits in its sequence.
@@ -43,7 +43,7 @@ pub fn paged_attention(
     out: &mut [f32],
 ) {
     let group = s.heads / s.kv_heads;
-    let avx512 = has_avx512() && s.head_dim.is_multiple_of(16);
+    let avx512 = has_avx512() && s.head_dim.is_multiple_of(16) && kv.block_size() == 16;
     // One task per (row, kv head): the `group` query heads sharing a kv head are adjacent in
     // `out`, so each K/V row is loaded once for all of them.
     out.par_chunks_mut(group * s.head_dim)
@@ -66,7 +66,7 @@ pub fn paged_attention(
                 return;
             }
             let _ = avx512;
-            attend(&job, scores, o, dot_portable, axpy_portable);
+            attend(&job, scores, o, block_scores_portable, axpy_portable);
         });
 }
 
@@ -92,8 +92,15 @@ struct GroupJob<'a> {
     kv_head: usize,
 }
 
-fn dot_portable(a: &[f32], b: &[f32]) -> f32 {
-    dot(a, b)
+/// `out[s] = Σ_d q[d] · kt[d · bs + s]` for the `bs = out.len()` slots of a block.
+fn block_scores_portable(q: &[f32], kt: &[f32], out: &mut [f32]) {
+    let bs = out.len();
+    out.fill(0.0);
+    for (d, qd) in q.iter().enumerate() {
+        for (o, k) in out.iter_mut().zip(&kt[d * bs..(d + 1) * bs]) {
+            *o += qd * k;
+        }
+    }
 }
 
 fn axpy_portable(y: &mut [f32], a: f32, x: &[f32]) {
@@ -109,7 +116,7 @@ fn attend(
     job: &GroupJob<'_>,
     scores: &mut Vec<f32>,
     o: &mut [f32],
-    dot: impl Fn(&[f32], &[f32]) -> f32,
+    block_scores: impl Fn(&[f32], &[f32], &mut [f32]),
     axpy: impl Fn(&mut [f32], f32, &[f32]),
 ) {
     let hd = job.hd;
@@ -118,18 +125,24 @@ fn attend(
     let bs = job.kv.block_size();
     let len = job.row.pos + 1;
     let blocks = &job.row.block_table[..len.div_ceil(bs)];
+    // Scores are laid out [group][blocks · bs] (padded to whole blocks; the tail is unused).
+    let padded = blocks.len() * bs;
     scores.clear();
-    scores.resize(job.group * len, 0.0);
-    let mut j = 0;
+    scores.resize(job.group * padded, 0.0);
     for (bi, &block) in blocks.iter().enumerate() {
         let base = job.kv.head_offset(block, job.kv_head);
-        for slot in 0..bs.min(len - bi * bs) {
-            let k = &kbuf[base + slot * hd..base + (slot + 1) * hd];
-            for g in 0..job.group {
-                scores[g * len + j] = dot(&job.q[g * hd..(g + 1) * hd], k) * scale;
-            }
-            j += 1;
+        let kt = &kbuf[base..base + hd * bs];
+        for g in 0..job.group {
+            let out = &mut scores[g * padded + bi * bs..g * padded + (bi + 1) * bs];
+            block_scores(&job.q[g * hd..(g + 1) * hd], kt, out);
         }
+    }
+    for g in 0..job.group {
+        scores.copy_within(g * padded..g * padded + len, g * len);
+    }
+    scores.truncate(job.group * len);
+    for v in scores.iter_mut() {
+        *v *= scale;
     }
     for g in 0..job.group {
         softmax(&mut scores[g * len..(g + 1) * len]);
@@ -156,25 +169,22 @@ mod avx512 {
     use super::GroupJob;
     use std::arch::x86_64::*;
 
+    /// Scores of one 16-slot block: 16 lanes = 16 positions, one FMA per `d`.
     #[target_feature(enable = "avx512f")]
     #[inline]
-    fn dot16(a: &[f32], b: &[f32]) -> f32 {
-        assert!(a.len() == b.len() && a.len().is_multiple_of(16));
-        // SAFETY: in-bounds loads of whole 16-float groups (asserted).
+    fn scores16(q: &[f32], kt: &[f32], out: &mut [f32]) {
+        assert!(out.len() == 16 && kt.len() >= q.len() * 16);
+        // SAFETY: kt holds q.len() rows of 16 floats and out 16 floats (asserted).
         unsafe {
-            // Two accumulators halve the FMA dependency chain.
             let mut acc = [_mm512_setzero_ps(); 2];
-            let mut i = 0;
-            while i < a.len() {
-                let j = (i / 16) % 2;
-                acc[j] = _mm512_fmadd_ps(
-                    _mm512_loadu_ps(a.as_ptr().add(i)),
-                    _mm512_loadu_ps(b.as_ptr().add(i)),
-                    acc[j],
+            for (d, qd) in q.iter().enumerate() {
+                acc[d % 2] = _mm512_fmadd_ps(
+                    _mm512_set1_ps(*qd),
+                    _mm512_loadu_ps(kt.as_ptr().add(d * 16)),
+                    acc[d % 2],
                 );
-                i += 16;
             }
-            _mm512_reduce_add_ps(_mm512_add_ps(acc[0], acc[1]))
+            _mm512_storeu_ps(out.as_mut_ptr(), _mm512_add_ps(acc[0], acc[1]));
         }
     }
 
@@ -203,7 +213,7 @@ mod avx512 {
             job,
             scores,
             o,
-            |a, b| dot16(a, b),
+            |q, kt, out| scores16(q, kt, out),
             |y, a, x| axpy16(y, a, x),
         )
     }

@@ -1,6 +1,8 @@
-//! Preallocated paged KV storage: for each layer one K and one V buffer laid out
-//! `[num_blocks, kv_heads, block_size, head_dim]` (f32), so one kv head's keys of a block are
-//! contiguous for attention to stream. Token position `p` of a sequence lives in block
+//! Preallocated paged KV storage: for each layer one K and one V buffer (f32). V is laid out
+//! `[num_blocks, kv_heads, block_size, head_dim]`; K is transposed within each block,
+//! `[num_blocks, kv_heads, head_dim, block_size]`, so the scores of a whole block of positions
+//! are one broadcast-FMA sweep over `head_dim` without horizontal sums. Either way one kv
+//! head's data for a block is contiguous for attention to stream. Token position `p` of a sequence lives in block
 //! `block_table[p / block_size]`, slot `p % block_size`. The store never
 //! allocates after construction and knows nothing about which sequence owns a block.
 
@@ -53,7 +55,8 @@ impl KvStore {
         self.block_size
     }
 
-    /// Offset of (block, kv head, slot 0) in a layer buffer; slot `s` is `s · head_dim` on.
+    /// Offset of (block, kv head) in a layer buffer: V slot `s` starts `s · head_dim` on; K
+    /// element (`d`, slot `s`) is at `d · block_size + s`.
     #[inline]
     pub fn head_offset(&self, block: u32, kv_head: usize) -> usize {
         ((block as usize * self.kv_heads + kv_head) * self.block_size) * self.head_dim
@@ -72,9 +75,13 @@ impl KvStore {
     pub fn write_token(&mut self, layer: usize, block: u32, slot: usize, k: &[f32], v: &[f32]) {
         let hd = self.head_dim;
         for h in 0..self.kv_heads {
-            let off = self.head_offset(block, h) + slot * hd;
-            self.k[layer][off..off + hd].copy_from_slice(&k[h * hd..(h + 1) * hd]);
+            let base = self.head_offset(block, h);
+            let off = base + slot * hd;
             self.v[layer][off..off + hd].copy_from_slice(&v[h * hd..(h + 1) * hd]);
+            let kt = &mut self.k[layer][base..base + hd * self.block_size];
+            for (d, x) in k[h * hd..(h + 1) * hd].iter().enumerate() {
+                kt[d * self.block_size + slot] = *x;
+            }
         }
     }
 
