@@ -118,7 +118,7 @@ impl fmt::Display for Duration {
         if ms < 1000 {
             return write!(f, "{ms}ms");
         }
-        if ms % 1000 != 0 {
+        if !ms.is_multiple_of(1000) {
             if ms < 60_000 {
                 // Sub-second precision is worth showing only under a minute.
                 let s = self.0.as_secs_f64();

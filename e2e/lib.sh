@@ -1,0 +1,66 @@
+# Shared helpers for the e2e scripts: pass/fail counting, the test API server, kubectl.
+# Source it from a script run at the repository root.
+
+E2E_PASSED=${E2E_PASSED:-0}
+E2E_FAILED=${E2E_FAILED:-0}
+REPO_ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
+K8S_TESTENV=${K8S_TESTENV:-$REPO_ROOT/../shared/testenv/k8s-testenv}
+
+log() { printf '[e2e] %s\n' "$*" >&2; }
+
+pass() {
+    E2E_PASSED=$((E2E_PASSED + 1))
+    printf '  ok   %s\n' "$1"
+}
+
+fail() {
+    E2E_FAILED=$((E2E_FAILED + 1))
+    printf '  FAIL %s\n' "$1"
+    [ $# -gt 1 ] && printf '%s\n' "$2" | sed 's/^/       /'
+    return 0
+}
+
+# check NAME CMD...: runs CMD, passes when it exits 0.
+check() {
+    local name=$1
+    shift
+    local out
+    if out=$("$@" 2>&1); then pass "$name"; else fail "$name" "$out"; fi
+}
+
+# summary: prints the closing line and returns non-zero when anything failed.
+summary() {
+    printf '%s passed, %s failed\n' "$E2E_PASSED" "$E2E_FAILED"
+    [ "$E2E_FAILED" -eq 0 ]
+}
+
+# start_api_server STATE_DIR: starts etcd + the real apiextensions API server, exports
+# KUBECONFIG and PATH (with the bundled kubectl), and stops it when the script exits.
+start_api_server() {
+    export K8S_TESTENV_STATE=$1
+    [ -x "$K8S_TESTENV" ] || { log "k8s-testenv not found at $K8S_TESTENV"; return 1; }
+    local install_log
+    install_log=$(mktemp)
+    if ! "$K8S_TESTENV" install >"$install_log" 2>&1; then
+        cat "$install_log" >&2
+        log "k8s-testenv install failed"
+        return 1
+    fi
+    rm -f "$install_log"
+    local exports
+    exports=$("$K8S_TESTENV" start 2>/dev/null) || { log "API server failed to start"; return 1; }
+    eval "$exports"
+    eval "$("$K8S_TESTENV" env)"
+    trap 'stop_api_server' EXIT
+    log "API server up: $(kubectl version 2>/dev/null | grep Server)"
+}
+
+stop_api_server() {
+    "$K8S_TESTENV" stop --purge >/dev/null 2>&1 || true
+}
+
+# apply_crds: applies crds/ and waits until they are served.
+apply_crds() {
+    kubectl apply -f "$REPO_ROOT/crds/" >/dev/null &&
+        kubectl wait --for condition=Established crd/inferencepools.tidegate.dev crd/tierpolicies.tidegate.dev --timeout=60s >/dev/null
+}

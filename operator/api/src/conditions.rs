@@ -1,0 +1,49 @@
+//! Condition types and reasons, as constants so that the planner, the Argo CD health check,
+//! alerts and docs all spell them the same way.
+
+/// Condition types of an InferencePool.
+pub mod types {
+    /// All desired replicas are ready and serving.
+    pub const READY: &str = "Ready";
+    /// Fresh measurements were available at the last decision.
+    pub const METRICS_AVAILABLE: &str = "MetricsAvailable";
+    /// The pool is changing its replica count.
+    pub const SCALING: &str = "Scaling";
+    /// The pool is at its ceiling (max replicas or GPU budget) and still over its SLO.
+    pub const CAPACITY_EXHAUSTED: &str = "CapacityExhausted";
+}
+
+/// Condition reasons (CamelCase, as Kubernetes expects).
+pub mod reasons {
+    // Ready
+    pub const ALL_REPLICAS_READY: &str = "AllReplicasReady";
+    pub const REPLICAS_NOT_READY: &str = "ReplicasNotReady";
+    pub const NO_REPLICAS: &str = "NoReplicas";
+    pub const TIER_POLICY_NOT_FOUND: &str = "TierPolicyNotFound";
+    // MetricsAvailable
+    pub const METRICS_FRESH: &str = "MetricsFresh";
+    pub const METRICS_UNREACHABLE: &str = "MetricsUnreachable";
+    pub const METRICS_STALE: &str = "MetricsStale";
+    pub const NO_DATA: &str = "NoData";
+    // Scaling
+    pub const SCALING_UP: &str = "ScalingUp";
+    pub const SCALING_DOWN: &str = "ScalingDown";
+    pub const STABLE: &str = "Stable";
+    pub const ADVISORY: &str = "Advisory";
+    pub const MANUAL: &str = "Manual";
+    pub const HOLDING_LAST_DECISION: &str = "HoldingLastDecision";
+    // CapacityExhausted
+    pub const AT_CEILING_OVER_SLO: &str = "AtCeilingOverSLO";
+    pub const HAS_HEADROOM: &str = "HasHeadroom";
+    pub const AT_CEILING_WITHIN_SLO: &str = "AtCeilingWithinSLO";
+    // TierPolicy Ready
+    pub const ACCEPTED: &str = "Accepted";
+    pub const INVALID: &str = "Invalid";
+}
+
+/// Condition status values.
+pub mod status {
+    pub const TRUE: &str = "True";
+    pub const FALSE: &str = "False";
+    pub const UNKNOWN: &str = "Unknown";
+}

@@ -1,0 +1,434 @@
+//! Pure planning: (spec, tier policy, observed metrics, current replicas, history) →
+//! desired replicas, admission state, conditions and events. No I/O, no clock of its own:
+//! `now` comes in with the observation, so every scenario is deterministic and testable.
+//!
+//! Invariants:
+//! - Missing or stale metrics never scale a pool down and never pause admission on their
+//!   own: the last decision is held and MetricsAvailable=False says why (fail static).
+//! - Advisory mode never changes replicas or admission; it reports what it would do.
+//! - Manual mode holds `replicas.manual` (or the current count), bounded by min/max.
+//! - Desired replicas always lie within [min, ceiling], where the ceiling is the lower of
+//!   replicas.max and what the GPU budget allows.
+
+mod admission;
+mod capacity;
+mod conditions;
+mod replicas;
+#[cfg(test)]
+mod tests;
+
+use tidegate_api::conditions::{reasons, types};
+use tidegate_api::{AdmissionState, Duration, InferencePoolSpec, ScalingMode, TierPolicySpec};
+
+pub use admission::AdmissionMachine;
+pub use capacity::CapacityModel;
+pub use conditions::{ConditionPlan, merge_conditions, rfc3339, to_time};
+pub use replicas::Recommendations;
+
+/// Milliseconds since the Unix epoch: the planner's only notion of time.
+pub type Millis = u64;
+
+/// What the metrics port measured for a pool, summed or taken across its ready pods.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct PoolMetrics {
+    /// Decode tokens per second produced by the whole pool.
+    pub decode_tokens_per_second: f64,
+    /// Decode tokens per second of the busiest pods, one entry per pod that was saturated
+    /// (requests waiting) during the window; used to learn per-pod capacity.
+    pub saturated_pod_tokens_per_second: Vec<f64>,
+    /// Requests being decoded, summed over pods.
+    pub running: f64,
+    /// Requests waiting in engine queues, summed over pods.
+    pub waiting: f64,
+    /// p99 queue wait over the window, seconds; None when nothing was queued.
+    pub queue_wait_p99_seconds: Option<f64>,
+    /// Fraction of KV blocks in use across the pool.
+    pub kv_utilization: f64,
+    /// KV evictions per second across the pool.
+    pub evictions_per_second: f64,
+    /// Requests refused per second for overload (queue full, queue timeout), pool-wide.
+    pub overload_refusals_per_second: f64,
+    /// Pods that reported metrics.
+    pub pods_reporting: i32,
+    /// When the newest sample was taken.
+    pub sampled_at: Millis,
+}
+
+/// Why metrics are missing.
+#[derive(Clone, Debug, PartialEq)]
+pub enum MetricsProblem {
+    /// The source could not be reached (Prometheus down, engines unreachable).
+    Unreachable(String),
+    /// The source answered without data for this pool.
+    NoData(String),
+}
+
+/// One tick's input.
+#[derive(Clone, Debug)]
+pub struct Observation {
+    pub now: Millis,
+    /// Replicas the workload runtime currently runs (Deployment spec.replicas).
+    pub current_replicas: i32,
+    /// Replicas ready to serve.
+    pub ready_replicas: i32,
+    pub metrics: Result<PoolMetrics, MetricsProblem>,
+}
+
+/// Everything the planner remembers between ticks for one pool.
+#[derive(Clone, Debug, Default)]
+pub struct PlanState {
+    pub capacity: CapacityModel,
+    pub recommendations: Recommendations,
+    pub admission: AdmissionMachine,
+    pub last_desired: Option<i32>,
+    pub last_scale_time: Option<Millis>,
+    /// Since when the pool has been at its ceiling and over its SLO.
+    pub exhausted_since: Option<Millis>,
+    /// Whether metrics were available at the previous tick (for transition events).
+    pub metrics_were_available: Option<bool>,
+}
+
+/// Normal or Warning, as Kubernetes Events have it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum EventKind {
+    Normal,
+    Warning,
+}
+
+/// An event to emit.
+#[derive(Clone, Debug, PartialEq)]
+pub struct EventPlan {
+    pub kind: EventKind,
+    pub reason: &'static str,
+    pub note: String,
+}
+
+/// A replica change decided this tick.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Decision {
+    pub from: i32,
+    pub to: i32,
+    pub reason: String,
+    /// False in Advisory mode: reported, not applied.
+    pub applied: bool,
+}
+
+/// The admission state to push to engines and report in status.
+#[derive(Clone, Debug, PartialEq)]
+pub struct AdmissionPlan {
+    pub state: AdmissionState,
+    pub since: Option<Millis>,
+    pub reason: String,
+    pub paused_tiers: Vec<String>,
+}
+
+/// Measurements as reported in status, in status units.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct MeasuredPlan {
+    pub decode_tokens_per_second: f64,
+    pub per_replica_capacity: f64,
+    pub demand_tokens_per_second: f64,
+    pub utilization: f64,
+    pub queue_wait_p99: Duration,
+    pub kv_utilization: f64,
+    pub evictions_per_second: f64,
+    pub observed_at: Millis,
+}
+
+/// One tick's output.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Plan {
+    /// Replicas the workload runtime should run (equals current in Advisory mode).
+    pub replicas: i32,
+    /// Replicas the planner wants (in Advisory mode: would want).
+    pub desired_replicas: i32,
+    pub admission: AdmissionPlan,
+    /// Present when metrics were available.
+    pub measured: Option<MeasuredPlan>,
+    pub decision: Option<Decision>,
+    pub conditions: Vec<ConditionPlan>,
+    pub events: Vec<EventPlan>,
+    /// One line explaining the decision, for logs.
+    pub explanation: String,
+}
+
+/// The replica ceiling: replicas.max, lowered by the GPU budget when it binds.
+pub fn ceiling(spec: &InferencePoolSpec) -> i32 {
+    let max = spec.replicas.max;
+    match (spec.gpu_budget, spec.engine.resources.gpus) {
+        (Some(budget), gpus) if gpus > 0 => max.min(budget / gpus),
+        _ => max,
+    }
+}
+
+/// Why the ceiling binds, in words.
+fn ceiling_words(spec: &InferencePoolSpec) -> String {
+    let c = ceiling(spec);
+    if c < spec.replicas.max {
+        format!(
+            "GPU budget ({} GPUs = {c} replicas × {} GPUs)",
+            spec.gpu_budget.unwrap_or_default(),
+            spec.engine.resources.gpus
+        )
+    } else {
+        format!("max replicas ({c})")
+    }
+}
+
+/// Plans one tick for one pool and advances `state`.
+pub fn plan(
+    spec: &InferencePoolSpec,
+    tiers: Option<&TierPolicySpec>,
+    obs: &Observation,
+    state: &mut PlanState,
+) -> Plan {
+    let now = obs.now;
+    let min = spec.replicas.min;
+    let ceil = ceiling(spec).max(min);
+    let current = obs.current_replicas;
+    let mut events = Vec::new();
+
+    let metrics = fresh_metrics(spec, obs);
+    let metrics_ok = metrics.is_ok();
+    if state.metrics_were_available == Some(true)
+        && let Err(problem) = &metrics
+    {
+        events.push(EventPlan {
+            kind: EventKind::Warning,
+            reason: "MetricsUnavailable",
+            note: format!("holding the last decision: {}", problem_words(problem)),
+        });
+    }
+    state.metrics_were_available = Some(metrics_ok);
+
+    // Measure: learn capacity, compute demand and utilization.
+    let measured = metrics.as_ref().ok().map(|m| {
+        state
+            .capacity
+            .observe(spec, m, obs.ready_replicas.max(m.pods_reporting));
+        measure(spec, m, &state.capacity, obs.ready_replicas)
+    });
+
+    // Decide replicas.
+    let (wanted, why) = match (&measured, spec.scaling.mode) {
+        (_, ScalingMode::Manual) => {
+            let manual = spec.replicas.manual.unwrap_or(current).clamp(min, ceil);
+            (manual, format!("manual mode holds {manual} replicas"))
+        }
+        (Some(m), _) => {
+            let (raw, why) = replicas::required(spec, m, current, ceil);
+            state.recommendations.record(now, raw);
+            let stabilized = replicas::stabilize(spec, &state.recommendations, now, current, raw);
+            (stabilized, why)
+        }
+        (None, _) => {
+            // Fail static: hold the last decision (or the current count), only lifting it
+            // to the floor, never lowering it.
+            let hold = state
+                .last_desired
+                .unwrap_or(current)
+                .max(current)
+                .clamp(min, ceil);
+            (
+                hold,
+                "metrics unavailable: holding the last decision".to_string(),
+            )
+        }
+    };
+    let desired = wanted.clamp(min, ceil);
+    let advisory = spec.scaling.mode == ScalingMode::Advisory;
+    // Advisory never acts; it only keeps the declared floor (a pool with no pods measures nothing).
+    let replicas = if advisory { current.max(min) } else { desired };
+    state.last_desired = Some(desired);
+
+    let decision = (desired != current).then(|| Decision {
+        from: current,
+        to: desired,
+        reason: why.clone(),
+        applied: !advisory,
+    });
+    if let Some(d) = &decision {
+        if d.applied {
+            state.last_scale_time = Some(now);
+            events.push(EventPlan {
+                kind: EventKind::Normal,
+                reason: if d.to > d.from {
+                    "ScaledUp"
+                } else {
+                    "ScaledDown"
+                },
+                note: format!("{} → {} replicas: {}", d.from, d.to, d.reason),
+            });
+        } else {
+            events.push(EventPlan {
+                kind: EventKind::Normal,
+                reason: "ScalingRecommended",
+                note: format!(
+                    "advisory: would scale {} → {} replicas: {}",
+                    d.from, d.to, d.reason
+                ),
+            });
+        }
+    }
+
+    // Admission at the ceiling.
+    let at_ceiling = desired >= ceil && current >= ceil;
+    let pressure = measured.as_ref().map(|m| admission::Pressure::of(spec, m));
+    let exhausted = at_ceiling && pressure.as_ref().is_some_and(|p| p.over_pause(spec));
+    if exhausted {
+        state.exhausted_since.get_or_insert(now);
+    } else if measured.is_some() {
+        state.exhausted_since = None;
+    }
+    let may_act = !advisory && spec.admission.enabled;
+    let before = state.admission.state();
+    let admission = state
+        .admission
+        .step(spec, tiers, now, at_ceiling, pressure.as_ref(), may_act);
+    if admission.state != before {
+        events.push(admission::transition_event(&admission));
+    } else if advisory && at_ceiling && pressure.as_ref().is_some_and(|p| p.over_pause(spec)) {
+        // Say what Auto mode would have done.
+        events.push(EventPlan {
+            kind: EventKind::Normal,
+            reason: "PauseRecommended",
+            note: "advisory: at the ceiling and over the SLO; Auto mode would pause new tenants"
+                .to_string(),
+        });
+    }
+
+    let conditions = conditions::build(&conditions::Inputs {
+        spec,
+        obs,
+        metrics: &metrics,
+        measured: measured.as_ref(),
+        desired,
+        current,
+        advisory,
+        at_ceiling,
+        exhausted_since: state.exhausted_since.filter(|_| exhausted),
+        ceiling_words: ceiling_words(spec),
+        admission: &admission,
+    });
+
+    let explanation = explain(
+        spec,
+        obs,
+        measured.as_ref(),
+        &metrics,
+        current,
+        desired,
+        &why,
+        &admission,
+    );
+    Plan {
+        replicas,
+        desired_replicas: desired,
+        admission,
+        measured,
+        decision,
+        conditions,
+        events,
+        explanation,
+    }
+}
+
+/// Metrics that are present and fresh enough to act on.
+fn fresh_metrics(
+    spec: &InferencePoolSpec,
+    obs: &Observation,
+) -> Result<PoolMetrics, MetricsProblem> {
+    let m = obs.metrics.clone()?;
+    let stale_after = spec.scaling.metrics.stale_after.as_std().as_millis() as u64;
+    if obs.now.saturating_sub(m.sampled_at) > stale_after {
+        return Err(MetricsProblem::NoData(format!(
+            "newest sample is {}s old (staleAfter {})",
+            obs.now.saturating_sub(m.sampled_at) / 1000,
+            spec.scaling.metrics.stale_after
+        )));
+    }
+    if m.pods_reporting == 0 && obs.ready_replicas > 0 {
+        return Err(MetricsProblem::NoData(
+            "no ready engine pod reported metrics".to_string(),
+        ));
+    }
+    Ok(m)
+}
+
+fn problem_words(p: &MetricsProblem) -> String {
+    match p {
+        MetricsProblem::Unreachable(why) => format!("metrics source unreachable: {why}"),
+        MetricsProblem::NoData(why) => format!("no fresh data: {why}"),
+    }
+}
+
+fn measure(
+    spec: &InferencePoolSpec,
+    m: &PoolMetrics,
+    cap: &CapacityModel,
+    ready: i32,
+) -> MeasuredPlan {
+    let per_replica = cap.per_replica();
+    let demand = (m.running + m.waiting) * spec.slo.tokens_per_second_per_session;
+    let serving = ready.max(m.pods_reporting).max(1) as f64;
+    MeasuredPlan {
+        decode_tokens_per_second: m.decode_tokens_per_second,
+        per_replica_capacity: per_replica,
+        demand_tokens_per_second: demand,
+        utilization: if per_replica > 0.0 {
+            demand / (serving * per_replica)
+        } else {
+            0.0
+        },
+        queue_wait_p99: Duration::from_secs_f64(m.queue_wait_p99_seconds.unwrap_or(0.0)),
+        kv_utilization: m.kv_utilization,
+        evictions_per_second: m.evictions_per_second,
+        observed_at: m.sampled_at,
+    }
+}
+
+#[allow(clippy::too_many_arguments)]
+fn explain(
+    spec: &InferencePoolSpec,
+    obs: &Observation,
+    measured: Option<&MeasuredPlan>,
+    metrics: &Result<PoolMetrics, MetricsProblem>,
+    current: i32,
+    desired: i32,
+    why: &str,
+    admission: &AdmissionPlan,
+) -> String {
+    let m = match (measured, metrics) {
+        (Some(m), _) => format!(
+            "demand {:.0} tok/s, capacity {:.0} tok/s/replica, util {:.2}, queue p99 {} (target {})",
+            m.demand_tokens_per_second,
+            m.per_replica_capacity,
+            m.utilization,
+            m.queue_wait_p99,
+            spec.slo.queue_wait_p99
+        ),
+        (None, Err(p)) => problem_words(p),
+        (None, Ok(_)) => String::new(),
+    };
+    format!(
+        "replicas {current}→{desired} (ready {}): {why}; {m}; admission {}{}",
+        obs.ready_replicas,
+        admission.state.as_str(),
+        if admission.paused_tiers.is_empty() {
+            String::new()
+        } else {
+            format!(" (paused tiers: {})", admission.paused_tiers.join(","))
+        }
+    )
+}
+
+/// Condition types the planner owns, for callers that merge them into status.
+pub const PLANNED_CONDITIONS: &[&str] = &[
+    types::READY,
+    types::METRICS_AVAILABLE,
+    types::SCALING,
+    types::CAPACITY_EXHAUSTED,
+];
+
+/// Reason used when the referenced TierPolicy does not exist.
+pub const TIER_POLICY_MISSING: &str = reasons::TIER_POLICY_NOT_FOUND;

@@ -1,0 +1,101 @@
+//! The scaling rule and its stabilization windows.
+//!
+//! required = ceil(demand ÷ (capacity × target utilization)), raised by at least one
+//! replica while p99 queue wait exceeds its target, bounded by [min, ceiling]. The
+//! stabilized value scales up to the lowest recommendation within the scale-up window
+//! (0s: at once) and down only to the highest recommendation within the scale-down window,
+//! so a steady load never flaps; each move is limited by the max step.
+
+use std::collections::VecDeque;
+
+use tidegate_api::InferencePoolSpec;
+
+use super::{MeasuredPlan, Millis};
+
+/// Recommendations kept for the stabilization windows.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct Recommendations {
+    entries: VecDeque<(Millis, i32)>,
+}
+
+impl Recommendations {
+    /// Records this tick's raw recommendation and forgets what no window can need.
+    pub fn record(&mut self, now: Millis, replicas: i32) {
+        self.entries.push_back((now, replicas));
+        // Keep at most a day, and at most 10,000 entries.
+        while self.entries.len() > 10_000
+            || self
+                .entries
+                .front()
+                .is_some_and(|(t, _)| now.saturating_sub(*t) > 86_400_000)
+        {
+            self.entries.pop_front();
+        }
+    }
+
+    fn within(&self, now: Millis, window_ms: u64) -> impl Iterator<Item = i32> + '_ {
+        self.entries
+            .iter()
+            .filter(move |(t, _)| now.saturating_sub(*t) <= window_ms)
+            .map(|(_, r)| *r)
+    }
+}
+
+/// The raw replica requirement from demand and queue wait, with the reason in words.
+pub fn required(
+    spec: &InferencePoolSpec,
+    m: &MeasuredPlan,
+    current: i32,
+    ceiling: i32,
+) -> (i32, String) {
+    let per_replica = m.per_replica_capacity * spec.slo.target_utilization;
+    let by_demand = if per_replica > 0.0 {
+        (m.demand_tokens_per_second / per_replica).ceil() as i32
+    } else {
+        current
+    };
+    let mut why = format!(
+        "demand {:.0} tok/s ÷ ({:.0} tok/s × {:.2}) = {by_demand}",
+        m.demand_tokens_per_second, m.per_replica_capacity, spec.slo.target_utilization
+    );
+    let mut wanted = by_demand;
+    let target = spec.slo.queue_wait_p99.as_secs_f64();
+    if m.queue_wait_p99.as_secs_f64() > target && current < ceiling {
+        // Queue wait says we are short even if the demand estimate does not.
+        let raised = current + 1;
+        if raised > wanted {
+            wanted = raised;
+            why = format!(
+                "queue p99 {} over target {}: raised to {raised}",
+                m.queue_wait_p99, spec.slo.queue_wait_p99
+            );
+        }
+    }
+    (wanted.max(0), why)
+}
+
+/// Applies the stabilization windows and step limits to a raw recommendation.
+pub fn stabilize(
+    spec: &InferencePoolSpec,
+    recs: &Recommendations,
+    now: Millis,
+    current: i32,
+    raw: i32,
+) -> i32 {
+    let s = &spec.scaling;
+    let up_ms = s.scale_up_stabilization.as_std().as_millis() as u64;
+    let down_ms = s.scale_down_stabilization.as_std().as_millis() as u64;
+    let target = if raw > current {
+        // Scale up only as far as every recommendation in the window agrees.
+        recs.within(now, up_ms).min().unwrap_or(raw).max(current)
+    } else if raw < current {
+        // Scale down only as far as every recommendation in the window allows.
+        recs.within(now, down_ms).max().unwrap_or(raw).min(current)
+    } else {
+        current
+    };
+    target.clamp(
+        current - s.max_scale_down_step,
+        current + s.max_scale_up_step,
+    )
+}

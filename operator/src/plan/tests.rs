@@ -1,0 +1,434 @@
+//! Scenario tests of the planner: a tiny pool model driven by 15-second ticks.
+
+use tidegate_api::*;
+
+use super::*;
+
+const TICK: Millis = 15_000;
+/// Tokens/s one pod really produces at saturation in these scenarios.
+const POD_CAPACITY: f64 = 1000.0;
+/// r: tokens/s per session (slo default is 20).
+const R: f64 = 20.0;
+
+fn spec(min: i32, max: i32) -> InferencePoolSpec {
+    let yaml = format!(
+        r#"
+model: {{name: m, uri: "file:///m"}}
+engine: {{image: e}}
+replicas: {{min: {min}, max: {max}}}
+slo: {{tokensPerSecondPerSession: {R}, queueWaitP99: 1s, targetUtilization: 0.7}}
+scaling: {{interval: 15s, scaleDownStabilization: 5m, maxScaleUpStep: 4, capacityHintTokensPerSecond: {POD_CAPACITY}}}
+admission: {{pauseThreshold: 0.95, resumeThreshold: 0.8, pauseAfter: 1m, holdTime: 5m}}
+"#
+    );
+    serde_saphyr::from_str(&yaml).expect("spec")
+}
+
+fn tiers() -> TierPolicySpec {
+    serde_saphyr::from_str(
+        r#"
+defaultTier: free
+tiers:
+  - {name: enterprise, priority: 100, admission: {pausable: false}}
+  - {name: standard, priority: 50}
+  - {name: free, priority: 10}
+"#,
+    )
+    .expect("tiers")
+}
+
+/// A pool whose pods become ready at once and behave like the resource model says.
+struct Pool {
+    spec: InferencePoolSpec,
+    tiers: TierPolicySpec,
+    state: PlanState,
+    now: Millis,
+    replicas: i32,
+    prometheus_up: bool,
+    plans: Vec<Plan>,
+}
+
+impl Pool {
+    fn new(spec: InferencePoolSpec) -> Self {
+        Pool {
+            spec,
+            tiers: tiers(),
+            state: PlanState::default(),
+            now: 1_700_000_000_000,
+            replicas: 1,
+            prometheus_up: true,
+            plans: Vec::new(),
+        }
+    }
+
+    /// Metrics for `sessions` concurrent sessions on the current replicas.
+    fn metrics(&self, sessions: f64) -> Result<PoolMetrics, MetricsProblem> {
+        if !self.prometheus_up {
+            return Err(MetricsProblem::Unreachable("connection refused".into()));
+        }
+        let slots = f64::from(self.replicas) * POD_CAPACITY / R;
+        let running = sessions.min(slots);
+        let waiting = (sessions - running).max(0.0);
+        let saturated = waiting > 0.0;
+        Ok(PoolMetrics {
+            decode_tokens_per_second: running * R,
+            saturated_pod_tokens_per_second: if saturated {
+                vec![POD_CAPACITY; self.replicas as usize]
+            } else {
+                vec![]
+            },
+            running,
+            waiting,
+            queue_wait_p99_seconds: Some(if saturated { 3.0 } else { 0.05 }),
+            kv_utilization: running / slots.max(1.0),
+            evictions_per_second: 0.0,
+            overload_refusals_per_second: 0.0,
+            pods_reporting: self.replicas,
+            sampled_at: self.now,
+        })
+    }
+
+    fn tick(&mut self, sessions: f64) -> &Plan {
+        self.now += TICK;
+        let obs = Observation {
+            now: self.now,
+            current_replicas: self.replicas,
+            ready_replicas: self.replicas,
+            metrics: self.metrics(sessions),
+        };
+        let plan = super::plan(&self.spec, Some(&self.tiers), &obs, &mut self.state);
+        self.replicas = plan.replicas;
+        self.plans.push(plan);
+        self.plans.last().expect("just pushed")
+    }
+
+    fn scale_events(&self) -> usize {
+        self.plans
+            .iter()
+            .filter(|p| p.decision.as_ref().is_some_and(|d| d.applied))
+            .count()
+    }
+}
+
+/// Deterministic ±5% noise.
+fn noise(i: u64) -> f64 {
+    let x = (i.wrapping_mul(2_654_435_761) % 1000) as f64 / 1000.0;
+    0.95 + 0.1 * x
+}
+
+#[test]
+fn steady_load_never_flaps_over_an_hour() {
+    let mut pool = Pool::new(spec(1, 10));
+    // 140 sessions × 20 tok/s = 2800 tok/s ⇒ 2800 / (1000 × 0.7) = 4 replicas.
+    for i in 0..(3600 / 15) {
+        pool.tick(140.0 * noise(i));
+    }
+    let settled: Vec<i32> = pool.plans.iter().skip(8).map(|p| p.replicas).collect();
+    assert!(
+        settled.iter().all(|&r| r == settled[0]),
+        "replicas flapped: {settled:?}"
+    );
+    assert!((4..=5).contains(&settled[0]), "settled at {}", settled[0]);
+    assert!(
+        pool.scale_events() <= 3,
+        "{} scale events",
+        pool.scale_events()
+    );
+}
+
+#[test]
+fn a_step_up_scales_within_one_interval() {
+    let mut pool = Pool::new(spec(1, 20));
+    for _ in 0..10 {
+        pool.tick(20.0);
+    }
+    let before = pool.replicas;
+    let plan = pool.tick(200.0); // 4000 tok/s ⇒ 6 replicas; max step 4
+    assert!(
+        plan.replicas > before,
+        "no scale-up on the first tick after the step"
+    );
+    assert!(plan.events.iter().any(|e| e.reason == "ScaledUp"));
+    for _ in 0..3 {
+        pool.tick(200.0);
+    }
+    assert!(pool.replicas >= 6, "got {}", pool.replicas);
+}
+
+#[test]
+fn scale_down_waits_for_the_stabilization_window() {
+    let mut pool = Pool::new(spec(1, 20));
+    for _ in 0..20 {
+        pool.tick(200.0);
+    }
+    let high = pool.replicas;
+    // Load drops: nothing happens for 5 minutes (20 ticks), then one step at a time.
+    for i in 0..19 {
+        let p = pool.tick(20.0);
+        assert_eq!(p.replicas, high, "scaled down after {} ticks", i + 1);
+    }
+    for _ in 0..30 {
+        pool.tick(20.0);
+    }
+    assert!(pool.replicas < high);
+}
+
+#[test]
+fn at_the_ceiling_new_tenants_pause_and_reopen_only_after_the_hold_time() {
+    let mut pool = Pool::new(spec(1, 3));
+    // 300 sessions need 6000 / 700 ⇒ 9 replicas; max is 3.
+    let mut paused_at = None;
+    for i in 0..20 {
+        let p = pool.tick(300.0);
+        if p.admission.state == AdmissionState::PausedNewTenants && paused_at.is_none() {
+            paused_at = Some(i);
+        }
+    }
+    assert_eq!(pool.replicas, 3);
+    let paused_at = paused_at.expect("never paused");
+    let last = pool.plans.last().expect("plan");
+    // Lowest priority first, escalation to standard, never enterprise.
+    assert_eq!(
+        last.admission.paused_tiers,
+        vec!["free".to_string(), "standard".to_string()]
+    );
+    let exhausted = last
+        .conditions
+        .iter()
+        .find(|c| c.type_ == "CapacityExhausted")
+        .expect("condition");
+    assert_eq!(exhausted.status, "True");
+    assert!(
+        exhausted.message.contains("max replicas (3) since"),
+        "{}",
+        exhausted.message
+    );
+    assert!(
+        paused_at >= 3,
+        "paused before pauseAfter (1m = 4 ticks): tick {paused_at}"
+    );
+
+    // Load falls to 80 sessions: utilization 1600 / 3000 = 0.53 < 0.8.
+    let mut reopened_after = None;
+    for i in 0..40 {
+        let p = pool.tick(80.0);
+        if p.admission.state == AdmissionState::Open {
+            reopened_after = Some(i + 1);
+            assert!(p.events.iter().any(|e| e.reason == "AdmissionReopened"));
+            break;
+        }
+    }
+    let ticks = reopened_after.expect("never reopened");
+    // holdTime 5m = 20 ticks.
+    assert!((20..=21).contains(&ticks), "reopened after {ticks} ticks");
+}
+
+#[test]
+fn load_between_thresholds_keeps_the_pause() {
+    let mut pool = Pool::new(spec(1, 3));
+    for _ in 0..10 {
+        pool.tick(300.0);
+    }
+    assert_eq!(
+        pool.plans.last().expect("plan").admission.state,
+        AdmissionState::PausedNewTenants
+    );
+    // 130 sessions ⇒ 2600 / 3000 = 0.87: between resume (0.8) and pause (0.95).
+    for _ in 0..60 {
+        let p = pool.tick(130.0);
+        assert_eq!(p.admission.state, AdmissionState::PausedNewTenants);
+    }
+}
+
+#[test]
+fn a_prometheus_outage_causes_no_scale_down_and_no_pause() {
+    let mut pool = Pool::new(spec(1, 3));
+    for _ in 0..10 {
+        pool.tick(130.0);
+    }
+    let before = pool.replicas;
+    pool.prometheus_up = false;
+    for _ in 0..60 {
+        let p = pool.tick(0.0);
+        assert_eq!(p.replicas, before);
+        assert_eq!(p.admission.state, AdmissionState::Open);
+        let m = p
+            .conditions
+            .iter()
+            .find(|c| c.type_ == "MetricsAvailable")
+            .expect("condition");
+        assert_eq!((m.status, m.reason), ("False", "MetricsUnreachable"));
+    }
+    assert_eq!(
+        pool.plans
+            .iter()
+            .filter(|p| p.events.iter().any(|e| e.reason == "MetricsUnavailable"))
+            .count(),
+        1
+    );
+    pool.prometheus_up = true;
+    let p = pool.tick(130.0);
+    let m = p
+        .conditions
+        .iter()
+        .find(|c| c.type_ == "MetricsAvailable")
+        .expect("condition");
+    assert_eq!(m.status, "True");
+}
+
+#[test]
+fn an_outage_while_paused_keeps_the_pause_without_escalating() {
+    let mut pool = Pool::new(spec(1, 3));
+    for _ in 0..6 {
+        pool.tick(300.0);
+    }
+    let paused = pool.plans.last().expect("plan").admission.clone();
+    assert_eq!(paused.state, AdmissionState::PausedNewTenants);
+    pool.prometheus_up = false;
+    for _ in 0..40 {
+        let p = pool.tick(0.0);
+        assert_eq!(p.admission.paused_tiers, paused.paused_tiers);
+        assert_eq!(p.replicas, 3);
+    }
+}
+
+#[test]
+fn advisory_mode_never_changes_replicas_or_admission() {
+    let mut s = spec(1, 3);
+    s.scaling.mode = ScalingMode::Advisory;
+    let mut pool = Pool::new(s);
+    for i in 0..100 {
+        let p = pool.tick(if i < 50 { 300.0 } else { 0.0 });
+        assert_eq!(p.replicas, 1);
+        assert_eq!(p.admission.state, AdmissionState::Open);
+    }
+    assert!(
+        pool.plans.iter().any(|p| p.desired_replicas == 3),
+        "never recommended scaling up"
+    );
+    assert!(
+        pool.plans
+            .iter()
+            .any(|p| p.events.iter().any(|e| e.reason == "ScalingRecommended"))
+    );
+}
+
+#[test]
+fn manual_mode_holds_the_scaled_count() {
+    let mut s = spec(1, 8);
+    s.scaling.mode = ScalingMode::Manual;
+    s.replicas.manual = Some(5);
+    let mut pool = Pool::new(s);
+    for _ in 0..10 {
+        assert_eq!(pool.tick(1000.0).replicas, 5);
+    }
+}
+
+#[test]
+fn the_gpu_budget_lowers_the_ceiling() {
+    let mut s = spec(1, 10);
+    s.engine.resources.gpus = 2;
+    s.gpu_budget = Some(6);
+    assert_eq!(ceiling(&s), 3);
+    let mut pool = Pool::new(s);
+    for _ in 0..20 {
+        pool.tick(1000.0);
+    }
+    assert_eq!(pool.replicas, 3);
+    let c = pool
+        .plans
+        .last()
+        .expect("plan")
+        .conditions
+        .iter()
+        .find(|c| c.type_ == "CapacityExhausted")
+        .cloned()
+        .expect("c");
+    assert!(c.message.contains("GPU budget"), "{}", c.message);
+}
+
+#[test]
+fn without_pausable_tiers_nothing_is_paused_but_exhaustion_is_reported() {
+    let mut pool = Pool::new(spec(1, 2));
+    pool.tiers = TierPolicySpec::single_default();
+    for _ in 0..20 {
+        let p = pool.tick(500.0);
+        assert_eq!(p.admission.state, AdmissionState::Open);
+    }
+    let c = pool
+        .plans
+        .last()
+        .expect("plan")
+        .conditions
+        .iter()
+        .find(|c| c.type_ == "CapacityExhausted")
+        .cloned()
+        .expect("c");
+    assert_eq!(c.status, "True");
+}
+
+#[test]
+fn capacity_is_learned_from_saturated_pods() {
+    let mut s = spec(1, 3);
+    s.scaling.capacity_hint_tokens_per_second = Some(300.0);
+    let mut pool = Pool::new(s);
+    for _ in 0..30 {
+        pool.tick(300.0);
+    }
+    let cap = pool.state.capacity.per_replica();
+    assert!((cap - POD_CAPACITY).abs() < 50.0, "learned {cap}");
+}
+
+#[test]
+fn conditions_keep_their_transition_time_while_status_holds() {
+    let planned = vec![ConditionPlan {
+        type_: "Ready",
+        status: "True",
+        reason: "AllReplicasReady",
+        message: "1/1".into(),
+    }];
+    let first = merge_conditions(&[], &planned, 1_000_000, Some(1));
+    let second = merge_conditions(&first, &planned, 2_000_000, Some(2));
+    assert_eq!(
+        first[0].last_transition_time,
+        second[0].last_transition_time
+    );
+    assert_eq!(second[0].observed_generation, Some(2));
+    let flipped = vec![ConditionPlan {
+        status: "False",
+        ..planned[0].clone()
+    }];
+    let third = merge_conditions(&second, &flipped, 3_000_000, Some(2));
+    assert_ne!(
+        third[0].last_transition_time,
+        second[0].last_transition_time
+    );
+}
+
+#[test]
+fn stale_metrics_are_treated_as_missing() {
+    let mut pool = Pool::new(spec(1, 5));
+    for _ in 0..5 {
+        pool.tick(100.0);
+    }
+    let before = pool.replicas;
+    pool.now += 10 * 60_000;
+    let obs = Observation {
+        now: pool.now,
+        current_replicas: before,
+        ready_replicas: before,
+        metrics: Ok(PoolMetrics {
+            sampled_at: pool.now - 5 * 60_000,
+            pods_reporting: 1,
+            ..Default::default()
+        }),
+    };
+    let p = super::plan(&pool.spec, Some(&pool.tiers), &obs, &mut pool.state);
+    assert_eq!(p.replicas, before);
+    let m = p
+        .conditions
+        .iter()
+        .find(|c| c.type_ == "MetricsAvailable")
+        .expect("condition");
+    assert_eq!(m.reason, "MetricsStale");
+}

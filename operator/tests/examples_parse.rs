@@ -1,0 +1,53 @@
+//! Every example manifest parses into the Rust API types, and the invalid ones carry the
+//! `# expect:` line the API-server e2e check needs.
+
+use std::path::{Path, PathBuf};
+
+use tidegate_api::{InferencePool, TierPolicy};
+
+fn yaml_files(dir: &Path) -> Vec<PathBuf> {
+    let mut files: Vec<PathBuf> = std::fs::read_dir(dir)
+        .expect("read examples")
+        .map(|e| e.expect("dir entry").path())
+        .filter(|p| p.extension().is_some_and(|e| e == "yaml"))
+        .collect();
+    files.sort();
+    files
+}
+
+fn examples() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("../examples")
+}
+
+#[test]
+fn examples_parse_into_api_types() {
+    let mut seen = 0;
+    for path in yaml_files(&examples()) {
+        let text = std::fs::read_to_string(&path).expect("read");
+        if text.contains("kind: InferencePool") {
+            let pool: InferencePool = serde_saphyr::from_str(&text).expect("parse pool");
+            assert!(pool.spec.replicas.min <= pool.spec.replicas.max);
+            seen += 1;
+        } else if text.contains("kind: TierPolicy") {
+            let policy: TierPolicy = serde_saphyr::from_str(&text).expect("parse policy");
+            assert!(policy.spec.tier(&policy.spec.default_tier).is_some());
+            seen += 1;
+        }
+    }
+    assert!(seen >= 2, "expected a pool and a tier policy example");
+}
+
+#[test]
+fn invalid_examples_say_what_the_server_must_answer() {
+    let files = yaml_files(&examples().join("invalid"));
+    assert!(files.len() >= 8);
+    for path in files {
+        let text = std::fs::read_to_string(&path).expect("read");
+        let first = text.lines().next().unwrap_or_default();
+        assert!(
+            first.starts_with("# expect: "),
+            "{}: first line must be '# expect: ...'",
+            path.display()
+        );
+    }
+}
