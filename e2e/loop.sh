@@ -62,7 +62,11 @@ start_prometheus() {
     done
     return 1
 }
-check "Prometheus $("$PROM_BIN" --version 2>&1 | head -1 | awk '{print $3}') started (real server)" start_prometheus
+if start_prometheus; then
+    pass "Prometheus $("$PROM_BIN" --version 2>&1 | head -1 | awk '{print $3}') started (real server)"
+else
+    fail "Prometheus started" "$(tail -20 "$WORK/prometheus.log")"
+fi
 
 # --- The pool and its tiers.
 kubectl apply -f - >/dev/null <<EOF
@@ -191,7 +195,7 @@ after=$(jp '{.status.replicas}')
     fail "no scale-down while metrics are missing" "$before → $after"
 msg=$(jp '{.status.conditions[?(@.type=="MetricsAvailable")].message}')
 pass "MetricsAvailable message: $msg"
-check "Prometheus restarted" start_prometheus
+if start_prometheus; then pass "Prometheus restarted"; else fail "Prometheus restarted" "$(tail -20 "$WORK/prometheus.log")"; fi
 wait_for "metrics recover: MetricsAvailable=True" 60 bash -c "[ \"\$(kubectl -n $NS get inferencepool $POOL -o jsonpath='{.status.conditions[?(@.type==\"MetricsAvailable\")].status}')\" = True ]"
 wait "$LOAD_PID"
 

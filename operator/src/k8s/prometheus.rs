@@ -66,7 +66,7 @@ impl Queries {
                 "max by (pod) (max_over_time(tidegate_engine_requests_waiting{{{sel}}}[{w}]))"
             ),
             running_per_pod: format!("sum by (pod) (tidegate_engine_requests_running{{{sel}}})"),
-            waiting: format!("sum(tidegate_engine_requests_waiting{{{sel}}})"),
+            waiting: format!("sum by (pod) (tidegate_engine_requests_waiting{{{sel}}})"),
             queue_wait_p99: format!(
                 "histogram_quantile(0.99, sum by (le) (rate(tidegate_engine_queue_wait_seconds_bucket{{{sel}}}[{w}])))"
             ),
@@ -107,6 +107,22 @@ fn scalar(s: &Series) -> Option<f64> {
     finite(s.values().next().copied())
 }
 
+/// Keeps only the series of pods the workload runtime still runs: Prometheus keeps
+/// answering with a gone pod's last gauge values for its lookback window (5 minutes), which
+/// would hold demand up after a pod crashed or was removed. Series without a pod label and
+/// an empty `live` list (runtime knows nothing) keep everything.
+pub fn only_live(mut a: Answers, live: &[String]) -> Answers {
+    if live.is_empty() {
+        return a;
+    }
+    let keep = |s: &mut Series| s.retain(|pod, _| pod.is_empty() || live.contains(pod));
+    keep(&mut a.tokens_per_pod);
+    keep(&mut a.max_waiting_per_pod);
+    keep(&mut a.running_per_pod);
+    keep(&mut a.waiting);
+    a
+}
+
 /// Turns the answers into pool metrics (pure).
 pub fn assemble(a: &Answers) -> Result<PoolMetrics, MetricsProblem> {
     if a.running_per_pod.is_empty() {
@@ -130,7 +146,7 @@ pub fn assemble(a: &Answers) -> Result<PoolMetrics, MetricsProblem> {
         decode_tokens_per_second: tokens,
         saturated_pod_tokens_per_second: saturated,
         running: a.running_per_pod.values().filter(|v| v.is_finite()).sum(),
-        waiting: scalar(&a.waiting).unwrap_or(0.0),
+        waiting: a.waiting.values().filter(|v| v.is_finite()).sum(),
         queue_wait_p99_seconds: scalar(&a.queue_wait_p99),
         kv_utilization: scalar(&a.kv_utilization).unwrap_or(0.0),
         evictions_per_second: scalar(&a.evictions).unwrap_or(0.0),
@@ -201,7 +217,7 @@ impl MetricsSource for PrometheusMetrics {
         &self,
         pool: &PoolRef,
         spec: &InferencePoolSpec,
-        _endpoints: &[Endpoint],
+        endpoints: &[Endpoint],
         _now_ms: u64,
     ) -> Result<PoolMetrics, MetricsProblem> {
         let m = &spec.scaling.metrics;
@@ -228,17 +244,21 @@ impl MetricsSource for PrometheusMetrics {
             query(&client, &q.refusals),
             query(&client, &q.newest_sample),
         );
-        assemble(&Answers {
-            tokens_per_pod: tokens?,
-            max_waiting_per_pod: max_waiting?,
-            running_per_pod: running?,
-            waiting: waiting?,
-            queue_wait_p99: p99?,
-            kv_utilization: kv?,
-            evictions: evictions?,
-            refusals: refusals?,
-            newest_sample: newest?,
-        })
+        let live: Vec<String> = endpoints.iter().map(|e| e.name.clone()).collect();
+        assemble(&only_live(
+            Answers {
+                tokens_per_pod: tokens?,
+                max_waiting_per_pod: max_waiting?,
+                running_per_pod: running?,
+                waiting: waiting?,
+                queue_wait_p99: p99?,
+                kv_utilization: kv?,
+                evictions: evictions?,
+                refusals: refusals?,
+                newest_sample: newest?,
+            },
+            &live,
+        ))
     }
 }
 
