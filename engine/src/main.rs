@@ -1,5 +1,7 @@
 //! tidegate-engine binary: parses the command line and calls into the library.
 
+use std::path::PathBuf;
+
 use clap::{Parser, Subcommand};
 
 #[derive(Parser)]
@@ -15,12 +17,57 @@ enum Command {
     Serve(tidegate_engine::server::cli::ServeArgs),
     /// Offer a multiple of an engine's measured capacity; report refusals, queue wait, RSS.
     OverloadBench(tidegate_engine::bench::BenchArgs),
+    /// Write a tiny random-weight Llama (safetensors + config.json + tokenizer.json).
+    GenRandomModel {
+        /// Output directory (created).
+        #[arg(long)]
+        out: PathBuf,
+        /// Weight seed.
+        #[arg(long, default_value_t = 42)]
+        seed: u64,
+    },
+    /// Micro-benchmark of the model runner: copy bandwidth, batch-1 roofline, decode tok/s.
+    BenchModel(tidegate_engine::bench_model::BenchArgs),
+    /// Benchmark the engine loop: tok/s, TTFT and ITL by concurrency, roofline, session restore.
+    Bench(tidegate_engine::engine_loop::bench::BenchArgs),
+    /// Greedy chat completion of one prompt (a smoke test of model + tokenizer).
+    Chat {
+        /// Model path: a .gguf file, or a directory with a .gguf or Hugging Face files.
+        #[arg(long)]
+        model: PathBuf,
+        /// The user message.
+        #[arg(long)]
+        prompt: String,
+        /// Tokens to generate at most.
+        #[arg(long, default_value_t = 64)]
+        max_tokens: usize,
+    },
 }
 
 fn main() -> anyhow::Result<()> {
     match Cli::parse().command {
         Command::Serve(args) => tidegate_engine::server::cli::run(args)?,
         Command::OverloadBench(args) => tidegate_engine::bench::run(args)?,
+        Command::GenRandomModel { out, seed } => {
+            let cfg = tidegate_engine::model::random::write_random_model(&out, seed)?;
+            println!(
+                "wrote {} ({} layers, hidden {}, vocab {})",
+                out.display(),
+                cfg.num_hidden_layers,
+                cfg.hidden_size,
+                cfg.vocab_size
+            );
+        }
+        Command::Bench(args) => tidegate_engine::engine_loop::bench::run(&args)?,
+        Command::BenchModel(args) => tidegate_engine::bench_model::run(&args)?,
+        Command::Chat {
+            model,
+            prompt,
+            max_tokens,
+        } => {
+            let answer = tidegate_engine::generate::chat_once(&model, &prompt, max_tokens)?;
+            println!("{answer}");
+        }
     }
     Ok(())
 }

@@ -55,9 +55,9 @@ fn compute(
     let mut buf = Vec::new();
     for p in from..to {
         let b = table[p / B];
-        io.read_block(b, &mut buf);
+        io.read_block(b, &mut buf).expect("read");
         buf[(p % B) * 8..(p % B + 1) * 8].copy_from_slice(&slot(tokens, p));
-        io.write_block(b, &buf);
+        io.write_block(b, &buf).expect("write");
     }
 }
 
@@ -378,11 +378,19 @@ impl BlockIo for UnreadableIo {
     fn block_bytes(&self) -> usize {
         BYTES
     }
-    fn read_block(&self, _block: u32, out: &mut Vec<u8>) {
-        out.clear();
+    fn num_blocks(&self) -> usize {
+        4
     }
-    fn write_block(&mut self, _block: u32, _data: &[u8]) {}
-    fn copy_block(&mut self, _src: u32, _dst: u32) {}
+    fn read_block(&self, _block: u32, out: &mut Vec<u8>) -> crate::error::Result<()> {
+        out.clear();
+        Ok(())
+    }
+    fn write_block(&mut self, _block: u32, _data: &[u8]) -> crate::error::Result<()> {
+        Ok(())
+    }
+    fn copy_block(&mut self, _src: u32, _dst: u32) -> crate::error::Result<()> {
+        Ok(())
+    }
 }
 
 #[test]

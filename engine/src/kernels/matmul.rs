@@ -1,0 +1,434 @@
+//! `y[m, n] = x[m, k] · wᵀ` with the weight `w: [n, k]` repacked once at load into panels of
+//! [`NR`] output columns: panel `p` holds `w[p·NR + j][t]` at `p·k·NR + t·NR + j` (rows past
+//! `n` are zero). The kernel is an outer product: for each `t` it loads the panel's `NR`
+//! weights (contiguous) and broadcasts `x[r][t]` for a tile of up to `MR` rows, keeping the
+//! `MR × NR` sums in vector registers; no horizontal reductions. One layout serves both
+//! cases: with one row it is a GEMV streaming the weights sequentially (bandwidth bound);
+//! with many rows each panel is reused from cache for every row tile (compute bound).
+//! Panels are split across the rayon pool. AVX-512 and AVX2+FMA paths are picked at run
+//! time, a portable one otherwise; results differ from a naive sum only by reassociation.
+
+use rayon::prelude::*;
+
+/// Output columns per panel.
+pub const NR: usize = 32;
+/// Rows per register tile (AVX-512: 12 × 2 accumulators of 16 lanes, 24 of 32 registers).
+const MR: usize = 12;
+/// Inner-dimension slice: `KC · NR` floats of a panel (16 KiB) stay in L1 across row tiles.
+const KC: usize = 128;
+
+/// A weight matrix `[n, k]` in the panel layout described in the module note.
+#[derive(Debug, Clone)]
+pub struct PackedMatrix {
+    data: Vec<f32>,
+    n: usize,
+    k: usize,
+}
+
+impl PackedMatrix {
+    /// Repacks a row-major `[n, k]` matrix.
+    pub fn pack(w: &[f32], n: usize, k: usize) -> Self {
+        debug_assert_eq!(w.len(), n * k);
+        let panels = n.div_ceil(NR);
+        let mut data = vec![0f32; panels * k * NR];
+        for (o, row) in w.chunks_exact(k).enumerate().take(n) {
+            let (p, j) = (o / NR, o % NR);
+            let base = p * k * NR + j;
+            for (t, v) in row.iter().enumerate() {
+                data[base + t * NR] = *v;
+            }
+        }
+        Self { data, n, k }
+    }
+
+    /// Output width.
+    pub fn n(&self) -> usize {
+        self.n
+    }
+
+    /// Input width.
+    pub fn k(&self) -> usize {
+        self.k
+    }
+
+    /// Bytes read by one pass over the weights.
+    pub fn bytes(&self) -> usize {
+        self.data.len() * 4
+    }
+
+    /// `y = x · wᵀ`; `x: [m, k]`, `y: [m, n]`.
+    pub fn matmul(&self, x: &[f32], m: usize, y: &mut [f32]) {
+        let (n, k) = (self.n, self.k);
+        assert!(x.len() >= m * k && y.len() >= m * n, "matmul shapes");
+        if m == 0 || n == 0 {
+            return;
+        }
+        self.matmul_with(Isa::detect(), x, m, y);
+    }
+
+    fn matmul_with(&self, isa: Isa, x: &[f32], m: usize, y: &mut [f32]) {
+        let n = self.n;
+        let panels = n.div_ceil(NR);
+        let threads = rayon::current_num_threads().max(1);
+        let tasks = if m == 1 { threads * 2 } else { threads * 4 };
+        let per_task = panels.div_ceil(tasks).max(1);
+        let out = OutPtr(y.as_mut_ptr());
+        (0..panels)
+            .into_par_iter()
+            .step_by(per_task)
+            .for_each(|p0| self.run_panels(isa, x, m, p0, (p0 + per_task).min(panels), out));
+    }
+
+    /// Computes output columns of panels `p0..p1` for all `m` rows into `out` (`[m, n]`).
+    fn run_panels(&self, isa: Isa, x: &[f32], m: usize, p0: usize, p1: usize, out: OutPtr) {
+        let k = self.k;
+        let row_tiles = m.div_ceil(MR);
+        let mut tiles = vec![[0f32; MR * NR]; row_tiles];
+        for p in p0..p1 {
+            let panel = &self.data[p * k * NR..(p + 1) * k * NR];
+            let cols = NR.min(self.n - p * NR);
+            // k is walked in slices of KC so the panel slice stays in L1 while every row
+            // tile uses it; partial sums live in `tiles` between slices.
+            let mut kc = 0;
+            while kc < k {
+                let kn = KC.min(k - kc);
+                let ps = &panel[kc * NR..(kc + kn) * NR];
+                for (ti, tile) in tiles.iter_mut().enumerate() {
+                    let r0 = ti * MR;
+                    let rows = MR.min(m - r0);
+                    let xs = &x[r0 * k + kc..(r0 + rows - 1) * k + kc + kn];
+                    let acc = kc > 0;
+                    match isa {
+                        #[cfg(target_arch = "x86_64")]
+                        Isa::Avx512 => x86::tile_avx512(xs, k, rows, ps, kn, tile, acc),
+                        #[cfg(target_arch = "x86_64")]
+                        Isa::Avx2 => x86::tile_avx2(xs, k, rows, ps, kn, tile, acc),
+                        _ => tile_portable(xs, k, rows, ps, kn, tile, acc),
+                    }
+                }
+                kc += kn;
+            }
+            for (ti, tile) in tiles.iter().enumerate() {
+                let r0 = ti * MR;
+                for r in 0..MR.min(m - r0) {
+                    out.write((r0 + r) * self.n + p * NR, &tile[r * NR..r * NR + cols]);
+                }
+            }
+        }
+    }
+}
+
+/// The output of [`PackedMatrix::matmul`], shared by the parallel tasks. Each task owns a
+/// disjoint set of panels, i.e. disjoint column ranges of every row, so no element is written
+/// by two tasks; the pointer is valid for `m·n` floats for the duration of the call (the
+/// `&mut` borrow of `y` is held across the parallel loop).
+#[derive(Clone, Copy)]
+struct OutPtr(*mut f32);
+
+// SAFETY: see the type note: writes are disjoint and the borrow outlives every task.
+#[allow(unsafe_code)]
+unsafe impl Send for OutPtr {}
+// SAFETY: as above.
+#[allow(unsafe_code)]
+unsafe impl Sync for OutPtr {}
+
+impl OutPtr {
+    /// Copies `src` to `y[at..at + src.len()]`; `at + src.len() <= m·n` by construction of
+    /// the panel loop (columns of a panel are clipped to `n`).
+    #[allow(unsafe_code)]
+    fn write(self, at: usize, src: &[f32]) {
+        // SAFETY: in bounds and not aliased by another task (type note).
+        unsafe { std::ptr::copy_nonoverlapping(src.as_ptr(), self.0.add(at), src.len()) }
+    }
+}
+
+/// Row-major convenience: packs `w: [n, k]` and multiplies (for tests and one-off use).
+pub fn matmul_xwt(x: &[f32], m: usize, w: &[f32], n: usize, k: usize, y: &mut [f32]) {
+    PackedMatrix::pack(w, n, k).matmul(x, m, y);
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Isa {
+    Avx512,
+    Avx2,
+    Portable,
+}
+
+impl Isa {
+    fn detect() -> Isa {
+        #[cfg(target_arch = "x86_64")]
+        {
+            if std::arch::is_x86_feature_detected!("avx512f") {
+                return Isa::Avx512;
+            }
+            if std::arch::is_x86_feature_detected!("avx2")
+                && std::arch::is_x86_feature_detected!("fma")
+            {
+                return Isa::Avx2;
+            }
+        }
+        Isa::Portable
+    }
+}
+
+/// `tile[r][j] (+)= Σ_t x[r·ldx + t] · panel[t][j]` for `r < rows`, `t < kn`; accumulates
+/// into `tile` when `acc`, else overwrites.
+fn tile_portable(
+    x: &[f32],
+    ldx: usize,
+    rows: usize,
+    panel: &[f32],
+    kn: usize,
+    tile: &mut [f32; MR * NR],
+    acc: bool,
+) {
+    if !acc {
+        tile.fill(0.0);
+    }
+    for r in 0..rows {
+        let out = &mut tile[r * NR..(r + 1) * NR];
+        for t in 0..kn {
+            let xv = x[r * ldx + t];
+            for (a, w) in out.iter_mut().zip(&panel[t * NR..(t + 1) * NR]) {
+                *a += xv * w;
+            }
+        }
+    }
+}
+
+/// Portable dot product with 8 independent accumulators (vectorises without target flags;
+/// inlined so callers compiled with wider SIMD get wider code).
+#[inline(always)]
+pub fn dot(a: &[f32], b: &[f32]) -> f32 {
+    let mut acc = [0f32; 8];
+    let ca = a.chunks_exact(8);
+    let cb = b.chunks_exact(8);
+    let tail: f32 = ca
+        .remainder()
+        .iter()
+        .zip(cb.remainder())
+        .map(|(p, q)| p * q)
+        .sum();
+    for (p, q) in ca.zip(cb) {
+        for i in 0..8 {
+            acc[i] += p[i] * q[i];
+        }
+    }
+    acc.iter().sum::<f32>() + tail
+}
+
+// SIMD intrinsics need `unsafe`: these functions are only entered after run-time feature
+// detection, and every pointer offset stays inside slices whose lengths are asserted first.
+#[cfg(target_arch = "x86_64")]
+#[allow(unsafe_code)]
+#[allow(clippy::needless_range_loop)] // register tiles read clearest as indexed arrays
+mod x86 {
+    use super::{KC, MR, NR};
+    use std::arch::x86_64::*;
+
+    pub(super) fn tile_avx512(
+        x: &[f32],
+        ldx: usize,
+        rows: usize,
+        panel: &[f32],
+        kn: usize,
+        tile: &mut [f32; MR * NR],
+        acc: bool,
+    ) {
+        assert!((1..=MR).contains(&rows) && kn <= ldx);
+        assert!(x.len() >= (rows - 1) * ldx + kn && panel.len() >= kn * NR);
+        // SAFETY: avx512f detected by the caller; bounds asserted above.
+        unsafe {
+            match rows {
+                12 => t512::<12>(x, ldx, panel, kn, tile, acc),
+                11 => t512::<11>(x, ldx, panel, kn, tile, acc),
+                10 => t512::<10>(x, ldx, panel, kn, tile, acc),
+                9 => t512::<9>(x, ldx, panel, kn, tile, acc),
+                8 => t512::<8>(x, ldx, panel, kn, tile, acc),
+                7 => t512::<7>(x, ldx, panel, kn, tile, acc),
+                6 => t512::<6>(x, ldx, panel, kn, tile, acc),
+                5 => t512::<5>(x, ldx, panel, kn, tile, acc),
+                4 => t512::<4>(x, ldx, panel, kn, tile, acc),
+                3 => t512::<3>(x, ldx, panel, kn, tile, acc),
+                2 => t512::<2>(x, ldx, panel, kn, tile, acc),
+                _ => t512::<1>(x, ldx, panel, kn, tile, acc),
+            }
+        }
+    }
+
+    #[target_feature(enable = "avx512f")]
+    fn t512<const R: usize>(
+        x: &[f32],
+        ldx: usize,
+        panel: &[f32],
+        kn: usize,
+        tile: &mut [f32; MR * NR],
+        acc: bool,
+    ) {
+        // SAFETY: R rows of kn floats at stride ldx in x and kn·NR floats in panel (asserted
+        // by the caller); tile holds MR·NR ≥ R·NR floats.
+        unsafe {
+            let xp = x.as_ptr();
+            let mut wp = panel.as_ptr();
+            let tp = tile.as_mut_ptr();
+            let mut acc0 = [_mm512_setzero_ps(); R];
+            let mut acc1 = [_mm512_setzero_ps(); R];
+            if acc {
+                for r in 0..R {
+                    acc0[r] = _mm512_loadu_ps(tp.add(r * NR));
+                    acc1[r] = _mm512_loadu_ps(tp.add(r * NR + 16));
+                }
+            }
+            for t in 0..kn {
+                // Weights stream from DRAM (the model is far larger than the caches): fetch
+                // one k-slice ahead so the first row tile does not stall on every line.
+                let ahead = wp.wrapping_add(KC * NR) as *const i8;
+                _mm_prefetch::<_MM_HINT_T0>(ahead);
+                _mm_prefetch::<_MM_HINT_T0>(ahead.wrapping_add(64));
+                let w0 = _mm512_loadu_ps(wp);
+                let w1 = _mm512_loadu_ps(wp.add(16));
+                for r in 0..R {
+                    let xv = _mm512_set1_ps(*xp.add(r * ldx + t));
+                    acc0[r] = _mm512_fmadd_ps(xv, w0, acc0[r]);
+                    acc1[r] = _mm512_fmadd_ps(xv, w1, acc1[r]);
+                }
+                wp = wp.add(NR);
+            }
+            for r in 0..R {
+                _mm512_storeu_ps(tp.add(r * NR), acc0[r]);
+                _mm512_storeu_ps(tp.add(r * NR + 16), acc1[r]);
+            }
+        }
+    }
+
+    pub(super) fn tile_avx2(
+        x: &[f32],
+        ldx: usize,
+        rows: usize,
+        panel: &[f32],
+        kn: usize,
+        tile: &mut [f32; MR * NR],
+        acc: bool,
+    ) {
+        assert!((1..=MR).contains(&rows) && kn <= ldx);
+        assert!(x.len() >= (rows - 1) * ldx + kn && panel.len() >= kn * NR);
+        let mut r0 = 0;
+        while r0 < rows {
+            let n = (rows - r0).min(2);
+            let xs = &x[r0 * ldx..];
+            let (_, rest) = tile.split_at_mut(r0 * NR);
+            // SAFETY: avx2+fma detected by the caller; bounds asserted above.
+            unsafe {
+                if n == 2 {
+                    t256::<2>(xs, ldx, panel, kn, rest, acc);
+                } else {
+                    t256::<1>(xs, ldx, panel, kn, rest, acc);
+                }
+            }
+            r0 += n;
+        }
+    }
+
+    #[target_feature(enable = "avx2,fma")]
+    fn t256<const R: usize>(
+        x: &[f32],
+        ldx: usize,
+        panel: &[f32],
+        kn: usize,
+        tile: &mut [f32],
+        acc_in: bool,
+    ) {
+        // SAFETY: as in t512, with R ≤ 2 rows and tile ≥ R·NR floats.
+        unsafe {
+            let xp = x.as_ptr();
+            let mut wp = panel.as_ptr();
+            let tp = tile.as_mut_ptr();
+            let mut acc = [[_mm256_setzero_ps(); 4]; R];
+            if acc_in {
+                for r in 0..R {
+                    for j in 0..4 {
+                        acc[r][j] = _mm256_loadu_ps(tp.add(r * NR + j * 8));
+                    }
+                }
+            }
+            for t in 0..kn {
+                let w = [
+                    _mm256_loadu_ps(wp),
+                    _mm256_loadu_ps(wp.add(8)),
+                    _mm256_loadu_ps(wp.add(16)),
+                    _mm256_loadu_ps(wp.add(24)),
+                ];
+                for r in 0..R {
+                    let xv = _mm256_set1_ps(*xp.add(r * ldx + t));
+                    for j in 0..4 {
+                        acc[r][j] = _mm256_fmadd_ps(xv, w[j], acc[r][j]);
+                    }
+                }
+                wp = wp.add(NR);
+            }
+            for r in 0..R {
+                for j in 0..4 {
+                    _mm256_storeu_ps(tp.add(r * NR + j * 8), acc[r][j]);
+                }
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn naive(x: &[f32], m: usize, w: &[f32], n: usize, k: usize) -> Vec<f32> {
+        let mut y = vec![0f32; m * n];
+        for r in 0..m {
+            for o in 0..n {
+                y[r * n + o] = (0..k).map(|t| x[r * k + t] * w[o * k + t]).sum();
+            }
+        }
+        y
+    }
+
+    fn check(isa: Isa) {
+        for &(m, n, k) in &[
+            (1, 1, 1),
+            (1, 37, 19),
+            (3, 70, 300),
+            (9, 129, 64),
+            (32, 200, 96),
+        ] {
+            let x: Vec<f32> = (0..m * k)
+                .map(|i| ((i * 7 % 13) as f32 - 6.0) / 7.0)
+                .collect();
+            let w: Vec<f32> = (0..n * k)
+                .map(|i| ((i * 5 % 11) as f32 - 5.0) / 9.0)
+                .collect();
+            let p = PackedMatrix::pack(&w, n, k);
+            let mut y = vec![0f32; m * n];
+            p.matmul_with(isa, &x, m, &mut y);
+            let want = naive(&x, m, &w, n, k);
+            for (a, b) in y.iter().zip(&want) {
+                assert!(
+                    (a - b).abs() < 1e-4 * (1.0 + b.abs()),
+                    "{isa:?} {m}x{n}x{k}: {a} vs {b}"
+                );
+            }
+        }
+    }
+
+    #[test]
+    fn every_available_path_matches_naive() {
+        check(Isa::Portable);
+        #[cfg(target_arch = "x86_64")]
+        {
+            if std::arch::is_x86_feature_detected!("avx2")
+                && std::arch::is_x86_feature_detected!("fma")
+            {
+                check(Isa::Avx2);
+            }
+            if std::arch::is_x86_feature_detected!("avx512f") {
+                check(Isa::Avx512);
+            }
+        }
+    }
+}

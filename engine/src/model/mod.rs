@@ -1,0 +1,142 @@
+//! Model loading: a Llama-architecture checkpoint (config, f32 weights, tokenizer) from
+//! either a Hugging Face directory (`config.json`, `*.safetensors`, `tokenizer.json`) or a
+//! GGUF file (weights and tokenizer from its metadata). Loading never downloads anything and
+//! never panics; bad files give an [`crate::Error`].
+
+pub mod config;
+pub mod llama;
+pub mod random;
+pub mod tokenizer;
+pub mod weights;
+
+use std::fs::File;
+use std::io::BufReader;
+use std::path::{Path, PathBuf};
+
+use candle_core::quantized::gguf_file;
+
+pub use config::LlamaConfig;
+pub use llama::Llama;
+pub use tokenizer::{ChatMessage, TextStream, Tokenizer, chat_prompt};
+pub use weights::Weights;
+
+use crate::error::{Error, Result};
+
+/// A checkpoint loaded into memory.
+#[derive(Debug)]
+pub struct ModelFiles {
+    /// Hyper-parameters.
+    pub config: LlamaConfig,
+    /// f32 weights by Hugging Face name.
+    pub weights: Weights,
+    /// The tokenizer.
+    pub tokenizer: Tokenizer,
+}
+
+impl ModelFiles {
+    /// Loads `path`: a `.gguf` file, a directory holding one `.gguf` file, or a Hugging Face
+    /// directory with `config.json`.
+    pub fn load(path: &Path) -> Result<Self> {
+        if path.is_file() {
+            return Self::load_gguf(path);
+        }
+        if path.join("config.json").is_file() {
+            return Self::load_hf_dir(path);
+        }
+        match find_gguf(path)? {
+            Some(file) => Self::load_gguf(&file),
+            None => Err(Error::UnsupportedModel(format!(
+                "{}: neither a .gguf file nor a directory with config.json",
+                path.display()
+            ))),
+        }
+    }
+
+    /// Loads a Hugging Face model directory.
+    pub fn load_hf_dir(dir: &Path) -> Result<Self> {
+        let cfg_path = dir.join("config.json");
+        let text = std::fs::read_to_string(&cfg_path).map_err(|e| Error::io(&cfg_path, e))?;
+        let config = LlamaConfig::from_json(&text)?;
+        let weights = Weights::from_safetensors_dir(dir)?;
+        let tokenizer = Tokenizer::from_file(&dir.join("tokenizer.json"))?;
+        Ok(Self {
+            config,
+            weights,
+            tokenizer,
+        })
+    }
+
+    /// Loads a GGUF file, dequantizing every tensor to f32.
+    pub fn load_gguf(file: &Path) -> Result<Self> {
+        let f = File::open(file).map_err(|e| Error::io(file, e))?;
+        let mut reader = BufReader::new(f);
+        let content = gguf_file::Content::read(&mut reader)?;
+        let tokenizer = Tokenizer::from_gguf(&content)?;
+        let config = config_from_gguf(&content, tokenizer.vocab_size())?;
+        let weights = Weights::from_gguf(&content, &mut reader, &config)?;
+        Ok(Self {
+            config,
+            weights,
+            tokenizer,
+        })
+    }
+}
+
+fn find_gguf(dir: &Path) -> Result<Option<PathBuf>> {
+    let Ok(entries) = std::fs::read_dir(dir) else {
+        return Ok(None);
+    };
+    let mut found = Vec::new();
+    for entry in entries {
+        let p = entry.map_err(|e| Error::io(dir, e))?.path();
+        if p.extension().is_some_and(|x| x == "gguf") {
+            found.push(p);
+        }
+    }
+    found.sort();
+    Ok(found.into_iter().next())
+}
+
+fn config_from_gguf(content: &gguf_file::Content, vocab: usize) -> Result<LlamaConfig> {
+    let md = &content.metadata;
+    let arch = md
+        .get("general.architecture")
+        .map(|v| v.to_string().cloned())
+        .transpose()?
+        .unwrap_or_else(|| "llama".into());
+    if arch != "llama" {
+        return Err(Error::UnsupportedModel(format!(
+            "gguf architecture {arch:?}"
+        )));
+    }
+    let u = |k: &str| -> Result<usize> {
+        let v = md
+            .get(&format!("llama.{k}"))
+            .ok_or_else(|| Error::Config(format!("gguf metadata llama.{k} missing")))?;
+        Ok(v.to_u32().or_else(|_| v.to_u64().map(|x| x as u32))? as usize)
+    };
+    let f = |k: &str, d: f64| -> Result<f64> {
+        match md.get(&format!("llama.{k}")) {
+            Some(v) => Ok(v.to_f32()? as f64),
+            None => Ok(d),
+        }
+    };
+    let tok_id = |k: &str| md.get(k).and_then(|v| v.to_u32().ok());
+    let heads = u("attention.head_count")?;
+    let cfg = LlamaConfig {
+        hidden_size: u("embedding_length")?,
+        intermediate_size: u("feed_forward_length")?,
+        num_hidden_layers: u("block_count")?,
+        num_attention_heads: heads,
+        num_key_value_heads: Some(u("attention.head_count_kv").unwrap_or(heads)),
+        vocab_size: vocab,
+        rms_norm_eps: f("attention.layer_norm_rms_epsilon", 1e-5)?,
+        rope_theta: f("rope.freq_base", 10_000.0)?,
+        max_position_embeddings: u("context_length").unwrap_or(2048),
+        tie_word_embeddings: !content.tensor_infos.contains_key("output.weight"),
+        bos_token_id: tok_id("tokenizer.ggml.bos_token_id"),
+        eos_token_id: tok_id("tokenizer.ggml.eos_token_id"),
+    };
+    cfg.validate()?;
+    Ok(cfg)
+}

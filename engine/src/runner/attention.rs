@@ -1,0 +1,225 @@
+//! Paged causal attention for a flattened batch. Row `t` (a token of some sequence at
+//! position `pos`) attends to positions `0..=pos` of its own sequence, read through that
+//! sequence's block table from the [`KvStore`]; the caller has already written this step's
+//! K/V rows, so tokens of a prefill chunk see each other causally. Grouped-query: query head
+//! `h` reads kv head `h / (heads / kv_heads)`. Work is split over (row, kv head) on rayon;
+//! with 16-token blocks and AVX-512 the scores of a block are one FMA sweep over the
+//! transposed keys (picked at run time), otherwise a portable loop does the same.
+
+use rayon::prelude::*;
+
+use super::kv_store::KvStore;
+use crate::kernels::ops::softmax;
+
+/// Where one batch row sits in its sequence.
+#[derive(Debug, Clone, Copy)]
+pub struct RowPos<'a> {
+    /// Absolute position of the token.
+    pub pos: usize,
+    /// The owning sequence's block table.
+    pub block_table: &'a [u32],
+}
+
+/// Shapes for [`paged_attention`].
+#[derive(Debug, Clone, Copy)]
+pub struct AttnShape {
+    /// Query heads.
+    pub heads: usize,
+    /// Key/value heads.
+    pub kv_heads: usize,
+    /// Per-head width.
+    pub head_dim: usize,
+    /// Row stride of `q` (the fused qkv row width).
+    pub q_stride: usize,
+}
+
+/// Writes `out[t, h*hd..]` = softmax(q·Kᵀ/√hd)·V for every row and head.
+pub fn paged_attention(
+    q: &[f32],
+    rows: &[RowPos<'_>],
+    kv: &KvStore,
+    layer: usize,
+    s: AttnShape,
+    out: &mut [f32],
+) {
+    let group = s.heads / s.kv_heads;
+    let avx512 = has_avx512() && s.head_dim.is_multiple_of(16) && kv.block_size() == 16;
+    // One task per (row, kv head): the `group` query heads sharing a kv head are adjacent in
+    // `out`, so each K/V row is loaded once for all of them.
+    out.par_chunks_mut(group * s.head_dim)
+        .enumerate()
+        .for_each_init(Vec::new, |scores, (idx, o)| {
+            let (t, kvh) = (idx / s.kv_heads, idx % s.kv_heads);
+            let q0 = t * s.q_stride + kvh * group * s.head_dim;
+            let job = GroupJob {
+                q: &q[q0..q0 + group * s.head_dim],
+                group,
+                hd: s.head_dim,
+                row: rows[t],
+                kv,
+                layer,
+                kv_head: kvh,
+            };
+            #[cfg(target_arch = "x86_64")]
+            if avx512 {
+                avx512::attend(&job, scores, o);
+                return;
+            }
+            let _ = avx512;
+            attend(&job, scores, o, block_scores_portable, axpy_portable);
+        });
+}
+
+fn has_avx512() -> bool {
+    #[cfg(target_arch = "x86_64")]
+    {
+        std::arch::is_x86_feature_detected!("avx512f")
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    {
+        false
+    }
+}
+
+/// The query heads of one row that share one kv head.
+struct GroupJob<'a> {
+    q: &'a [f32],
+    group: usize,
+    hd: usize,
+    row: RowPos<'a>,
+    kv: &'a KvStore,
+    layer: usize,
+    kv_head: usize,
+}
+
+/// `out[s] = Σ_d q[d] · kt[d · bs + s]` for the `bs = out.len()` slots of a block.
+fn block_scores_portable(q: &[f32], kt: &[f32], out: &mut [f32]) {
+    let bs = out.len();
+    out.fill(0.0);
+    for (d, qd) in q.iter().enumerate() {
+        for (o, k) in out.iter_mut().zip(&kt[d * bs..(d + 1) * bs]) {
+            *o += qd * k;
+        }
+    }
+}
+
+fn axpy_portable(y: &mut [f32], a: f32, x: &[f32]) {
+    for (p, q) in y.iter_mut().zip(x) {
+        *p += a * q;
+    }
+}
+
+/// Scores over the row's positions for every head of the group (`scores[g * len + j]`),
+/// softmax per head, weighted sum of V.
+#[inline(always)]
+fn attend(
+    job: &GroupJob<'_>,
+    scores: &mut Vec<f32>,
+    o: &mut [f32],
+    block_scores: impl Fn(&[f32], &[f32], &mut [f32]),
+    axpy: impl Fn(&mut [f32], f32, &[f32]),
+) {
+    let hd = job.hd;
+    let scale = 1.0 / (hd as f32).sqrt();
+    let (kbuf, vbuf) = job.kv.layer(job.layer);
+    let bs = job.kv.block_size();
+    let len = job.row.pos + 1;
+    let blocks = &job.row.block_table[..len.div_ceil(bs)];
+    // Scores are laid out [group][blocks · bs] (padded to whole blocks; the tail is unused).
+    let padded = blocks.len() * bs;
+    scores.clear();
+    scores.resize(job.group * padded, 0.0);
+    for (bi, &block) in blocks.iter().enumerate() {
+        let base = job.kv.head_offset(block, job.kv_head);
+        let kt = &kbuf[base..base + hd * bs];
+        for g in 0..job.group {
+            let out = &mut scores[g * padded + bi * bs..g * padded + (bi + 1) * bs];
+            block_scores(&job.q[g * hd..(g + 1) * hd], kt, out);
+        }
+    }
+    for g in 0..job.group {
+        scores.copy_within(g * padded..g * padded + len, g * len);
+    }
+    scores.truncate(job.group * len);
+    for v in scores.iter_mut() {
+        *v *= scale;
+    }
+    for g in 0..job.group {
+        softmax(&mut scores[g * len..(g + 1) * len]);
+    }
+    o.fill(0.0);
+    let mut j = 0;
+    for (bi, &block) in blocks.iter().enumerate() {
+        let base = job.kv.head_offset(block, job.kv_head);
+        for slot in 0..bs.min(len - bi * bs) {
+            let v = &vbuf[base + slot * hd..base + (slot + 1) * hd];
+            for g in 0..job.group {
+                axpy(&mut o[g * hd..(g + 1) * hd], scores[g * len + j], v);
+            }
+            j += 1;
+        }
+    }
+}
+
+// AVX-512 dot/axpy for head_dim a multiple of 16. Intrinsics need `unsafe`; they are only
+// reached after run-time detection, with lengths asserted.
+#[cfg(target_arch = "x86_64")]
+#[allow(unsafe_code)]
+mod avx512 {
+    use super::GroupJob;
+    use std::arch::x86_64::*;
+
+    /// Scores of one 16-slot block: 16 lanes = 16 positions, one FMA per `d`.
+    #[target_feature(enable = "avx512f")]
+    #[inline]
+    fn scores16(q: &[f32], kt: &[f32], out: &mut [f32]) {
+        assert!(out.len() == 16 && kt.len() >= q.len() * 16);
+        // SAFETY: kt holds q.len() rows of 16 floats and out 16 floats (asserted).
+        unsafe {
+            let mut acc = [_mm512_setzero_ps(); 2];
+            for (d, qd) in q.iter().enumerate() {
+                acc[d % 2] = _mm512_fmadd_ps(
+                    _mm512_set1_ps(*qd),
+                    _mm512_loadu_ps(kt.as_ptr().add(d * 16)),
+                    acc[d % 2],
+                );
+            }
+            _mm512_storeu_ps(out.as_mut_ptr(), _mm512_add_ps(acc[0], acc[1]));
+        }
+    }
+
+    #[target_feature(enable = "avx512f")]
+    #[inline]
+    fn axpy16(y: &mut [f32], a: f32, x: &[f32]) {
+        assert!(y.len() == x.len() && y.len().is_multiple_of(16));
+        // SAFETY: in-bounds loads/stores of whole 16-float groups (asserted).
+        unsafe {
+            let av = _mm512_set1_ps(a);
+            let mut i = 0;
+            while i < y.len() {
+                let yp = y.as_mut_ptr().add(i);
+                _mm512_storeu_ps(
+                    yp,
+                    _mm512_fmadd_ps(av, _mm512_loadu_ps(x.as_ptr().add(i)), _mm512_loadu_ps(yp)),
+                );
+                i += 16;
+            }
+        }
+    }
+
+    #[target_feature(enable = "avx512f")]
+    fn attend_avx512(job: &GroupJob<'_>, scores: &mut Vec<f32>, o: &mut [f32]) {
+        super::attend(
+            job,
+            scores,
+            o,
+            |q, kt, out| scores16(q, kt, out),
+            |y, a, x| axpy16(y, a, x),
+        )
+    }
+
+    pub(super) fn attend(job: &GroupJob<'_>, scores: &mut Vec<f32>, o: &mut [f32]) {
+        // SAFETY: the caller checked `is_x86_feature_detected!("avx512f")`.
+        unsafe { attend_avx512(job, scores, o) }
+    }
+}

@@ -1,0 +1,51 @@
+//! Shared test helpers: the seed-42 random model written once per test binary into a
+//! private temporary directory, and a float comparison.
+#![allow(dead_code, clippy::unwrap_used)]
+
+use std::path::PathBuf;
+use std::sync::OnceLock;
+
+use tidegate_engine::model::ModelFiles;
+use tidegate_engine::model::random::write_random_model;
+
+/// Directory holding the seed-42 random model (created on first use).
+pub fn random_model_dir() -> PathBuf {
+    static DIR: OnceLock<PathBuf> = OnceLock::new();
+    DIR.get_or_init(|| {
+        let dir =
+            std::env::temp_dir().join(format!("tidegate-random-model-{}", std::process::id()));
+        write_random_model(&dir, 42).expect("write random model");
+        dir
+    })
+    .clone()
+}
+
+/// The seed-42 random model, loaded.
+pub fn random_model() -> ModelFiles {
+    ModelFiles::load(&random_model_dir()).expect("load random model")
+}
+
+/// Largest absolute difference, asserting it is below `tol`.
+pub fn assert_close(a: &[f32], b: &[f32], tol: f32, what: &str) {
+    assert_eq!(a.len(), b.len(), "{what}: lengths differ");
+    let worst = a
+        .iter()
+        .zip(b)
+        .map(|(x, y)| (x - y).abs())
+        .fold(0f32, f32::max);
+    assert!(worst <= tol, "{what}: max abs diff {worst} > {tol}");
+}
+
+/// Where the SmolLM2 GGUF is expected (fetched by scripts/fetch-model.sh), if present.
+pub fn smollm2_path() -> Option<PathBuf> {
+    let root = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("..");
+    let dir = root.join("models").join("smollm2");
+    let found = std::fs::read_dir(&dir)
+        .ok()?
+        .filter_map(|e| e.ok().map(|e| e.path()))
+        .find(|p| p.extension().is_some_and(|x| x == "gguf"));
+    if found.is_none() {
+        println!("note: models/smollm2 not present (run scripts/fetch-model.sh); skipping");
+    }
+    found
+}
