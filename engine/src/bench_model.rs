@@ -8,7 +8,6 @@ use std::time::Instant;
 
 use rayon::prelude::*;
 
-use crate::block_io::BlockIo;
 use crate::error::Result;
 use crate::model::ModelFiles;
 use crate::runner::{Runner, RunnerConfig, SeqChunk};
@@ -195,7 +194,7 @@ fn median(mut v: Vec<f64>) -> f64 {
 }
 
 /// Times a one-shot prefill of `history` tokens (recompute) against restoring the same
-/// blocks from host-RAM images through [`BlockIo`]; returns (prefill s, restore s).
+/// blocks from host-RAM images (block byte I/O); returns (prefill s, restore s).
 pub fn recompute_vs_restore(runner: &mut Runner, history: usize) -> Result<(f64, f64)> {
     let bs = runner.block_size();
     let table: Vec<u32> = (0..history.div_ceil(bs) as u32).collect();
@@ -214,12 +213,12 @@ pub fn recompute_vs_restore(runner: &mut Runner, history: usize) -> Result<(f64,
     let mut images = Vec::with_capacity(table.len());
     for &b in &table {
         let mut img = Vec::new();
-        runner.read_block(b, &mut img)?;
+        runner.kv_store().try_read_block(b, &mut img)?;
         images.push(img);
     }
     let t0 = Instant::now();
     for (&b, img) in table.iter().zip(&images) {
-        runner.write_block(b, img)?;
+        runner.kv_store_mut().try_write_block(b, img)?;
     }
     Ok((prefill, t0.elapsed().as_secs_f64()))
 }

@@ -1,24 +1,12 @@
-//! The byte-level interface between the KV cache bookkeeping (which decides which block to
-//! offload, restore or copy) and the tensor store that holds the blocks (the runner).
-//!
-//! A block is `block_size` token slots of K and V for all layers. Its byte image is opaque to
-//! the caller: `read_block` then `write_block` of the same bytes into any block id restores
-//! the exact contents (so offload to host RAM or disk and back is lossless). Block ids are
-//! indexes into the preallocated pool, `0..num_blocks`.
-
-use crate::error::Result;
-
-/// Raw access to the blocks of a paged KV store.
+//! Byte-level access to the paged KV store, so the cache manager can offload and restore blocks without knowing about tensors.
+/// Implemented by the tensor-side KV store; the KV cache manager calls it to offload, restore and copy blocks.
 pub trait BlockIo {
-    /// Bytes in one block's image.
+    /// Bytes one block occupies (all layers, K and V).
     fn block_bytes(&self) -> usize;
-    /// Number of blocks in the pool.
-    fn num_blocks(&self) -> usize;
-    /// Replaces `out` with the byte image of `block`.
-    fn read_block(&self, block: u32, out: &mut Vec<u8>) -> Result<()>;
-    /// Overwrites `block` with an image from [`BlockIo::read_block`]
-    /// (`data.len() == block_bytes()`).
-    fn write_block(&mut self, block: u32, data: &[u8]) -> Result<()>;
-    /// Copies the contents of `src` into `dst` (copy-on-write of a shared prefix block).
-    fn copy_block(&mut self, src: u32, dst: u32) -> Result<()>;
+    /// Copies block `block` into `out` (cleared first).
+    fn read_block(&self, block: u32, out: &mut Vec<u8>);
+    /// Overwrites block `block` with `data` (exactly block_bytes long).
+    fn write_block(&mut self, block: u32, data: &[u8]);
+    /// Copies one block onto another (copy-on-write of a shared partial block).
+    fn copy_block(&mut self, src: u32, dst: u32);
 }

@@ -19,7 +19,7 @@ pub fn generate_greedy(
 ) -> Result<Vec<u32>> {
     let bs = runner.block_size();
     let needed = (prompt.len() + max_tokens).div_ceil(bs);
-    if needed > crate::block_io::BlockIo::num_blocks(runner) {
+    if needed > runner.num_blocks() {
         return Err(Error::InvalidInput(format!(
             "{} tokens need {needed} blocks, the pool has fewer",
             prompt.len() + max_tokens

@@ -5,7 +5,6 @@
 //! (reads return zeros), so a buggy caller shows up as wrong bytes in a test, not a panic.
 
 use crate::block_io::BlockIo;
-use crate::error::Result;
 
 /// `num_blocks` blocks of `block_bytes` bytes, zero-filled.
 #[derive(Clone, Debug)]
@@ -43,31 +42,24 @@ impl BlockIo for MemBlockIo {
         self.block_bytes
     }
 
-    fn num_blocks(&self) -> usize {
-        self.blocks.len()
-    }
-
-    fn read_block(&self, block: u32, out: &mut Vec<u8>) -> Result<()> {
+    fn read_block(&self, block: u32, out: &mut Vec<u8>) {
         out.clear();
         match self.blocks.get(block as usize) {
             Some(b) => out.extend_from_slice(b),
             None => out.resize(self.block_bytes, 0),
         }
-        Ok(())
     }
 
-    fn write_block(&mut self, block: u32, data: &[u8]) -> Result<()> {
+    fn write_block(&mut self, block: u32, data: &[u8]) {
         if let Some(b) = self.blocks.get_mut(block as usize) {
             let n = data.len().min(b.len());
             b[..n].copy_from_slice(&data[..n]);
         }
-        Ok(())
     }
 
-    fn copy_block(&mut self, src: u32, dst: u32) -> Result<()> {
+    fn copy_block(&mut self, src: u32, dst: u32) {
         if let Some(data) = self.blocks.get(src as usize).cloned() {
-            self.write_block(dst, &data)?;
+            self.write_block(dst, &data);
         }
-        Ok(())
     }
 }

@@ -97,19 +97,22 @@ impl KvStore {
     }
 }
 
-impl BlockIo for KvStore {
-    fn block_bytes(&self) -> usize {
-        self.k.len() * 2 * self.block_floats() * 4
-    }
-
-    fn num_blocks(&self) -> usize {
+impl KvStore {
+    /// Blocks in the pool.
+    pub fn num_blocks(&self) -> usize {
         self.num_blocks
     }
 
-    fn read_block(&self, block: u32, out: &mut Vec<u8>) -> Result<()> {
+    /// Bytes in one block's image (all layers, K and V).
+    pub fn image_bytes(&self) -> usize {
+        self.k.len() * 2 * self.block_floats() * 4
+    }
+
+    /// Replaces `out` with the byte image of `block`; errors on an out-of-range id.
+    pub fn try_read_block(&self, block: u32, out: &mut Vec<u8>) -> Result<()> {
         let range = self.check(block)?;
         out.clear();
-        out.reserve(self.block_bytes());
+        out.reserve(self.image_bytes());
         for (k, v) in self.k.iter().zip(&self.v) {
             for x in k[range.clone()].iter().chain(&v[range.clone()]) {
                 out.extend_from_slice(&x.to_le_bytes());
@@ -118,13 +121,15 @@ impl BlockIo for KvStore {
         Ok(())
     }
 
-    fn write_block(&mut self, block: u32, data: &[u8]) -> Result<()> {
+    /// Overwrites `block` with an image from [`KvStore::try_read_block`]; errors on an
+    /// out-of-range id or a wrong-sized image (nothing is written then).
+    pub fn try_write_block(&mut self, block: u32, data: &[u8]) -> Result<()> {
         let range = self.check(block)?;
-        if data.len() != self.block_bytes() {
+        if data.len() != self.image_bytes() {
             return Err(Error::InvalidInput(format!(
                 "block image has {} bytes, expected {}",
                 data.len(),
-                self.block_bytes()
+                self.image_bytes()
             )));
         }
         let n = range.len() * 4;
@@ -141,13 +146,42 @@ impl BlockIo for KvStore {
         Ok(())
     }
 
-    fn copy_block(&mut self, src: u32, dst: u32) -> Result<()> {
+    /// Copies the contents of `src` into `dst`; errors on an out-of-range id.
+    pub fn try_copy_block(&mut self, src: u32, dst: u32) -> Result<()> {
         let s = self.check(src)?;
         let d = self.check(dst)?;
         for buf in self.k.iter_mut().chain(self.v.iter_mut()) {
             buf.copy_within(s.clone(), d.start);
         }
         Ok(())
+    }
+}
+
+/// The cache manager's infallible interface. A bad block id or image size is a caller bug:
+/// it is logged and the operation does nothing (a read yields zeros), never a panic.
+impl BlockIo for KvStore {
+    fn block_bytes(&self) -> usize {
+        self.image_bytes()
+    }
+
+    fn read_block(&self, block: u32, out: &mut Vec<u8>) {
+        if let Err(e) = self.try_read_block(block, out) {
+            tracing::warn!(error = %e, "read_block");
+            out.clear();
+            out.resize(self.image_bytes(), 0);
+        }
+    }
+
+    fn write_block(&mut self, block: u32, data: &[u8]) {
+        if let Err(e) = self.try_write_block(block, data) {
+            tracing::warn!(error = %e, "write_block");
+        }
+    }
+
+    fn copy_block(&mut self, src: u32, dst: u32) {
+        if let Err(e) = self.try_copy_block(src, dst) {
+            tracing::warn!(error = %e, "copy_block");
+        }
     }
 }
 
@@ -161,16 +195,21 @@ mod tests {
         kv.write_token(0, 1, 0, &[1.0, 2.0], &[3.0, 4.0]);
         kv.write_token(1, 1, 1, &[5.0, 6.0], &[7.0, 8.0]);
         let mut img = Vec::new();
-        kv.read_block(1, &mut img).unwrap();
+        kv.read_block(1, &mut img);
         assert_eq!(img.len(), kv.block_bytes());
-        kv.write_block(2, &img).unwrap();
-        kv.copy_block(1, 0).unwrap();
+        kv.write_block(2, &img);
+        kv.copy_block(1, 0);
         for b in [0, 2] {
             let mut other = Vec::new();
-            kv.read_block(b, &mut other).unwrap();
+            kv.read_block(b, &mut other);
             assert_eq!(other, img);
         }
-        assert!(kv.read_block(3, &mut img).is_err());
-        assert!(kv.write_block(0, &img[1..]).is_err());
+        assert!(kv.try_read_block(3, &mut img).is_err());
+        assert!(kv.try_write_block(0, &img[1..]).is_err());
+        assert!(kv.try_copy_block(0, 9).is_err());
+        // The trait form never panics on bad input.
+        kv.read_block(3, &mut img);
+        assert_eq!(img, vec![0; kv.block_bytes()]);
+        kv.write_block(0, &[1, 2, 3]);
     }
 }

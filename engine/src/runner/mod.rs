@@ -262,20 +262,35 @@ fn norm_rows(x: &[f32], w: &[f32], eps: f32, h: usize, out: &mut [f32]) {
         .for_each(|(o, r)| rms_norm(r, w, eps, o));
 }
 
+impl Runner {
+    /// Blocks in the KV pool.
+    pub fn num_blocks(&self) -> usize {
+        self.kv.num_blocks()
+    }
+
+    /// The KV store (fallible block I/O: `try_read_block`, `try_write_block`, ...).
+    pub fn kv_store(&self) -> &KvStore {
+        &self.kv
+    }
+
+    /// The KV store, mutably.
+    pub fn kv_store_mut(&mut self) -> &mut KvStore {
+        &mut self.kv
+    }
+}
+
+/// Block I/O for the KV cache manager, delegated to the [`KvStore`].
 impl BlockIo for Runner {
     fn block_bytes(&self) -> usize {
         self.kv.block_bytes()
     }
-    fn num_blocks(&self) -> usize {
-        self.kv.num_blocks()
-    }
-    fn read_block(&self, block: u32, out: &mut Vec<u8>) -> Result<()> {
+    fn read_block(&self, block: u32, out: &mut Vec<u8>) {
         self.kv.read_block(block, out)
     }
-    fn write_block(&mut self, block: u32, data: &[u8]) -> Result<()> {
+    fn write_block(&mut self, block: u32, data: &[u8]) {
         self.kv.write_block(block, data)
     }
-    fn copy_block(&mut self, src: u32, dst: u32) -> Result<()> {
+    fn copy_block(&mut self, src: u32, dst: u32) {
         self.kv.copy_block(src, dst)
     }
 }
