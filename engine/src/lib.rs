@@ -1,9 +1,11 @@
-//! tidegate engine library: the model and its batched runner (model, runner, kernels,
-//! sampling), the paged KV cache bookkeeping and scheduler, the HTTP server and its backends.
+//! tidegate engine library: model loading and the runner, the paged KV cache bookkeeping,
+//! the scheduler, the engine loop that drives them, and the HTTP server.
+
 pub mod backend;
 pub mod bench;
 pub mod bench_model;
 pub mod block_io;
+pub mod engine_loop;
 pub mod error;
 pub mod fake_engine;
 pub mod generate;

@@ -28,6 +28,8 @@ enum Command {
     },
     /// Micro-benchmark of the model runner: copy bandwidth, batch-1 roofline, decode tok/s.
     BenchModel(tidegate_engine::bench_model::BenchArgs),
+    /// Benchmark the engine loop: tok/s, TTFT and ITL by concurrency, roofline, session restore.
+    Bench(tidegate_engine::engine_loop::bench::BenchArgs),
     /// Greedy chat completion of one prompt (a smoke test of model + tokenizer).
     Chat {
         /// Model path: a .gguf file, or a directory with a .gguf or Hugging Face files.
@@ -56,6 +58,7 @@ fn main() -> anyhow::Result<()> {
                 cfg.vocab_size
             );
         }
+        Command::Bench(args) => tidegate_engine::engine_loop::bench::run(&args)?,
         Command::BenchModel(args) => tidegate_engine::bench_model::run(&args)?,
         Command::Chat {
             model,

@@ -17,8 +17,10 @@ use tokio::net::TcpListener;
 
 use super::{AdminAuth, ServerConfig};
 use crate::backend::Engine;
+use crate::engine_loop::{LoopConfig, LoopEngine};
 use crate::fake_engine::{FakeConfig, FakeEngine};
 use crate::metrics::Metrics;
+use crate::model::ModelFiles;
 
 /// Log line format.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, ValueEnum)]
@@ -82,6 +84,27 @@ pub struct ServeArgs {
     /// Log format.
     #[arg(long, env = "TIDEGATE_LOG_FORMAT", value_enum, default_value_t = LogFormat::Text)]
     pub log_format: LogFormat,
+    /// KV cache blocks in the device pool.
+    #[arg(long, env = "TIDEGATE_KV_BLOCKS", default_value_t = 2048)]
+    pub kv_blocks: usize,
+    /// Tokens per KV block.
+    #[arg(long, env = "TIDEGATE_KV_BLOCK_TOKENS", default_value_t = 16)]
+    pub kv_block_tokens: usize,
+    /// Host RAM for KV offloaded from the device pool, in bytes (0 disables it).
+    #[arg(long, env = "TIDEGATE_KV_HOST_BYTES", default_value_t = 1 << 30)]
+    pub kv_host_bytes: usize,
+    /// Disk space for KV spilled from host RAM, in bytes (needs --kv-disk-dir).
+    #[arg(long, env = "TIDEGATE_KV_DISK_BYTES", default_value_t = 0)]
+    pub kv_disk_bytes: usize,
+    /// Directory for spilled KV files.
+    #[arg(long, env = "TIDEGATE_KV_DISK_DIR")]
+    pub kv_disk_dir: Option<PathBuf>,
+    /// Tokens computed per step over all sequences (decode tokens + prefill chunks).
+    #[arg(long, env = "TIDEGATE_MAX_BATCH_TOKENS", default_value_t = 512)]
+    pub max_batch_tokens: usize,
+    /// Compute threads for the forward pass (default: available parallelism).
+    #[arg(long, env = "TIDEGATE_THREADS")]
+    pub threads: Option<usize>,
     /// Fake backend: time per batched decode step.
     #[arg(long, env = "TIDEGATE_FAKE_TOKEN_DELAY", default_value = "5ms", value_parser = parse_duration)]
     pub fake_token_delay: Duration,
@@ -147,12 +170,36 @@ fn load_engine(args: &ServeArgs, metrics: &Arc<Metrics>) -> anyhow::Result<Arc<d
         };
         return Ok(FakeEngine::start(config, Arc::clone(metrics)));
     }
-    let model = args.model.as_deref().map(|p| p.display().to_string());
-    bail!(
-        "serving a real model ({}) needs the engine loop, which is not wired into `serve` yet; \
-         use --fake-model",
-        model.unwrap_or_default()
-    )
+    let Some(path) = args.model.as_deref() else {
+        bail!("--model is required unless --fake-model is set");
+    };
+    if let Some(threads) = args.threads {
+        // Fails only if a pool was already built (tests); the existing one is kept.
+        let _ = rayon::ThreadPoolBuilder::new()
+            .num_threads(threads.max(1))
+            .build_global();
+    }
+    let files = ModelFiles::load(path).with_context(|| format!("loading {}", path.display()))?;
+    let model_id = args.served_model_name.clone().unwrap_or_else(|| {
+        path.file_stem()
+            .map(|s| s.to_string_lossy().into_owned())
+            .unwrap_or_else(|| "model".to_string())
+    });
+    tracing::info!(model = %model_id, layers = files.config.num_hidden_layers, "model loaded");
+    let config = LoopConfig {
+        model_id,
+        kv_blocks: args.kv_blocks.max(1),
+        kv_block_tokens: args.kv_block_tokens.max(1),
+        kv_host_bytes: args.kv_host_bytes,
+        kv_disk_bytes: args.kv_disk_bytes,
+        kv_disk_dir: args.kv_disk_dir.clone(),
+        max_batch_tokens: args.max_batch_tokens.max(1),
+        max_batch_seqs: args.max_batch_size.max(1),
+        max_waiting: args.max_queued_requests.max(1),
+        ..LoopConfig::default()
+    };
+    let engine = LoopEngine::start(files, config, Arc::clone(metrics))?;
+    Ok(engine)
 }
 
 /// Runs `serve` to completion (a drain), on its own tokio runtime.

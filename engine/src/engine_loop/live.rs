@@ -1,0 +1,88 @@
+//! One request as the owner thread tracks it beside the scheduler: its token stream, its
+//! sampler, its incremental detokenizer, and whether it has been admitted yet.
+//!
+//! Invariant: `reply` is `Some` exactly until the request is admitted or refused, so the
+//! admission oneshot resolves at most once.
+
+use std::time::{Duration, Instant};
+
+use tokio::sync::oneshot;
+
+use crate::backend::{SubmitError, TierParams, TokenEvent, TokenSender};
+use crate::model::{TextStream, Tokenizer};
+use crate::sampling::{Sampler, SamplingParams};
+
+/// A live request (waiting or running).
+pub(super) struct Live {
+    pub(super) tx: TokenSender,
+    pub(super) reply: Option<oneshot::Sender<Result<Duration, SubmitError>>>,
+    pub(super) arrived: Instant,
+    pub(super) tier: TierParams,
+    pub(super) sampler: Sampler,
+    pub(super) text: TextStream,
+    /// Prompt tokens served from reused KV (known at admission).
+    pub(super) cached_prompt_tokens: u32,
+}
+
+impl Live {
+    pub(super) fn new(
+        req: &crate::backend::GenerateRequest,
+        tx: TokenSender,
+        reply: oneshot::Sender<Result<Duration, SubmitError>>,
+        fallback_seed: u64,
+    ) -> Self {
+        let params = SamplingParams {
+            temperature: req.sampling.temperature,
+            top_p: req.sampling.top_p,
+            seed: req.sampling.seed.unwrap_or(fallback_seed),
+        };
+        Live {
+            tx,
+            reply: Some(reply),
+            arrived: req.arrived,
+            tier: req.tier.clone(),
+            sampler: Sampler::new(params),
+            text: TextStream::new(),
+            cached_prompt_tokens: 0,
+        }
+    }
+
+    /// Whether the client is gone (stream or pending `submit` future dropped).
+    pub(super) fn is_cancelled(&self) -> bool {
+        self.tx.is_closed()
+    }
+
+    /// Whether it waited past its tier's queue-wait target without being admitted.
+    pub(super) fn timed_out(&self, now: Instant) -> bool {
+        self.reply.is_some()
+            && now.saturating_duration_since(self.arrived) > self.tier.queue_wait_target
+    }
+
+    /// Resolves admission with the time spent queued.
+    pub(super) fn admit(&mut self, now: Instant, cached_prompt_tokens: u32) {
+        self.cached_prompt_tokens = cached_prompt_tokens;
+        if let Some(reply) = self.reply.take() {
+            let _ = reply.send(Ok(now.saturating_duration_since(self.arrived)));
+        }
+    }
+
+    /// Refuses (before admission) or fails (after) the request.
+    pub(super) fn refuse(mut self, err: SubmitError) {
+        match self.reply.take() {
+            Some(reply) => {
+                let _ = reply.send(Err(err));
+            }
+            None => {
+                self.tx.send(TokenEvent::Failed {
+                    message: err.to_string(),
+                });
+            }
+        }
+    }
+
+    /// Streams one sampled token with the text it completes.
+    pub(super) fn emit(&mut self, tok: &Tokenizer, id: u32) {
+        let text = self.text.push(tok, id).unwrap_or_default();
+        self.tx.send(TokenEvent::Token { id, text });
+    }
+}

@@ -1,0 +1,230 @@
+//! The real [`Engine`]: a handle that talks to one owner thread which drives the scheduler,
+//! the KV cache manager, the model runner and the per-request samplers.
+//!
+//! Shape: `submit` builds the request's token channel, puts a [`Job`] on a bounded channel
+//! (full → `QueueFull` at once) and waits on a oneshot that the owner thread resolves when the
+//! request is first scheduled (admitted) or refused. The owner thread (a dedicated
+//! `std::thread`, since forward passes are CPU-bound) loops: drain the inbox, drop cancelled
+//! requests, refuse requests queued past their tier's wait target, schedule one step, run one
+//! batched forward pass, sample, stream tokens, finish requests, publish metrics; it sleeps on
+//! the inbox when idle.
+//!
+//! Invariant: only the owner thread touches scheduler, KV cache and runner state; the handle
+//! shares nothing with it but channels, the ready flag and a one-slot tier-policy mailbox.
+
+pub mod bench;
+mod live;
+mod owner;
+mod publish;
+
+use std::path::PathBuf;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::mpsc::{SyncSender, TrySendError, sync_channel};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use futures::FutureExt;
+use futures::future::BoxFuture;
+use tokio::sync::oneshot;
+
+use crate::backend::{
+    Admitted, ChatMessage, Engine, GenerateRequest, ModelInfo, SubmitError, TokenId, TokenSender,
+    TokenizeError, token_channel,
+};
+use crate::kv_cache::Tiers;
+use crate::metrics::Metrics;
+use crate::model::{ModelFiles, Tokenizer};
+
+use owner::Owner;
+
+/// Sizing of the engine loop.
+#[derive(Clone, Debug)]
+pub struct LoopConfig {
+    /// Served model name.
+    pub model_id: String,
+    /// KV blocks in the device pool.
+    pub kv_blocks: usize,
+    /// Tokens per KV block.
+    pub kv_block_tokens: usize,
+    /// Host RAM for offloaded KV (0 disables the host tier).
+    pub kv_host_bytes: usize,
+    /// Disk space for spilled KV (0 or no directory disables disk).
+    pub kv_disk_bytes: usize,
+    /// Directory for spilled KV files.
+    pub kv_disk_dir: Option<PathBuf>,
+    /// Tokens computed per step over all sequences (decode + prefill chunks).
+    pub max_batch_tokens: usize,
+    /// Sequences per step.
+    pub max_batch_seqs: usize,
+    /// Requests waiting for admission at most (the inbox is bounded by this too).
+    pub max_waiting: usize,
+    /// Retry-After suggested with queue refusals.
+    pub retry_after: Duration,
+}
+
+impl Default for LoopConfig {
+    fn default() -> Self {
+        LoopConfig {
+            model_id: "model".to_string(),
+            kv_blocks: 2048,
+            kv_block_tokens: 16,
+            kv_host_bytes: 1 << 30,
+            kv_disk_bytes: 0,
+            kv_disk_dir: None,
+            max_batch_tokens: 512,
+            max_batch_seqs: 64,
+            max_waiting: 256,
+            retry_after: Duration::from_secs(1),
+        }
+    }
+}
+
+/// A request on its way to the owner thread.
+pub(crate) struct Job {
+    pub(crate) req: GenerateRequest,
+    pub(crate) tx: TokenSender,
+    /// Resolved with the queue wait once admitted, or with the refusal.
+    pub(crate) reply: oneshot::Sender<Result<Duration, SubmitError>>,
+}
+
+/// What the owner thread's inbox carries.
+pub(crate) enum Msg {
+    Submit(Box<Job>),
+    /// A new tier policy waits in the mailbox.
+    Wake,
+}
+
+/// Handle to the engine loop (the server holds it as `Arc<dyn Engine>`).
+pub struct LoopEngine {
+    info: ModelInfo,
+    ready: Arc<AtomicBool>,
+    tokenizer: Arc<Tokenizer>,
+    inbox: SyncSender<Msg>,
+    tiers: Arc<Mutex<Option<Tiers>>>,
+    retry_after: Duration,
+}
+
+impl LoopEngine {
+    /// Starts the owner thread for a loaded checkpoint; the runner (weight packing, KV pool)
+    /// is built on that thread, and the engine turns ready when it is done.
+    pub fn start(
+        files: ModelFiles,
+        config: LoopConfig,
+        metrics: Arc<Metrics>,
+    ) -> crate::error::Result<Arc<Self>> {
+        let kv_tokens = config.kv_blocks.max(1) * config.kv_block_tokens.max(1);
+        let context = files.config.max_position_embeddings.min(kv_tokens);
+        let info = ModelInfo {
+            id: config.model_id.clone(),
+            context_length: u32::try_from(context).unwrap_or(u32::MAX),
+            created: SystemTime::now()
+                .duration_since(UNIX_EPOCH)
+                .map(|d| d.as_secs())
+                .unwrap_or(0),
+        };
+        let ready = Arc::new(AtomicBool::new(false));
+        let tokenizer = Arc::new(files.tokenizer.clone());
+        let (inbox, rx) = sync_channel(config.max_waiting.max(1));
+        let tiers = Arc::new(Mutex::new(None));
+        let retry_after = config.retry_after;
+        let owner_ready = Arc::clone(&ready);
+        let owner_tiers = Arc::clone(&tiers);
+        std::thread::Builder::new()
+            .name("engine-loop".into())
+            .spawn(move || {
+                match Owner::new(&files, &config, metrics, owner_tiers) {
+                    Ok(mut owner) => {
+                        drop(files);
+                        owner_ready.store(true, Ordering::Release);
+                        owner.run(&rx);
+                    }
+                    Err(e) => {
+                        tracing::error!(error = %e, "engine loop failed to start");
+                        // Refuse whatever arrives; the server stays not-ready.
+                        for msg in rx.iter() {
+                            if let Msg::Submit(job) = msg {
+                                let _ = job.reply.send(Err(SubmitError::Internal(e.to_string())));
+                            }
+                        }
+                    }
+                }
+            })
+            .map_err(|e| crate::error::Error::Config(format!("spawning the engine loop: {e}")))?;
+        Ok(Arc::new(LoopEngine {
+            info,
+            ready,
+            tokenizer,
+            inbox,
+            tiers,
+            retry_after,
+        }))
+    }
+}
+
+fn tok_err(e: crate::error::Error) -> TokenizeError {
+    TokenizeError::Invalid(e.to_string())
+}
+
+impl Engine for LoopEngine {
+    fn model_info(&self) -> ModelInfo {
+        self.info.clone()
+    }
+
+    fn is_ready(&self) -> bool {
+        self.ready.load(Ordering::Acquire)
+    }
+
+    fn tokenize(&self, text: &str) -> Result<Vec<TokenId>, TokenizeError> {
+        self.tokenizer.encode(text).map_err(tok_err)
+    }
+
+    fn detokenize(&self, tokens: &[TokenId]) -> Result<String, TokenizeError> {
+        let vocab = self.tokenizer.vocab_size();
+        if let Some(&bad) = tokens.iter().find(|&&t| t as usize >= vocab) {
+            return Err(TokenizeError::UnknownToken(bad));
+        }
+        self.tokenizer.decode_text(tokens).map_err(tok_err)
+    }
+
+    fn apply_chat_template(&self, messages: &[ChatMessage]) -> Result<String, TokenizeError> {
+        let msgs: Vec<crate::model::ChatMessage> = messages
+            .iter()
+            .map(|m| crate::model::ChatMessage {
+                role: m.role.clone(),
+                content: m.content.clone(),
+            })
+            .collect();
+        Ok(crate::model::chat_prompt(&msgs, true))
+    }
+
+    fn submit(&self, req: GenerateRequest) -> BoxFuture<'static, Result<Admitted, SubmitError>> {
+        let (tx, tokens) = token_channel();
+        let (reply, answer) = oneshot::channel();
+        let sent = self
+            .inbox
+            .try_send(Msg::Submit(Box::new(Job { req, tx, reply })));
+        let retry_after = self.retry_after;
+        async move {
+            match sent {
+                Ok(()) => match answer.await {
+                    Ok(Ok(queue_wait)) => Ok(Admitted { queue_wait, tokens }),
+                    Ok(Err(e)) => Err(e),
+                    Err(_) => Err(SubmitError::ShuttingDown),
+                },
+                Err(TrySendError::Full(_)) => Err(SubmitError::QueueFull { retry_after }),
+                Err(TrySendError::Disconnected(_)) => Err(SubmitError::ShuttingDown),
+            }
+        }
+        .boxed()
+    }
+
+    fn set_tier_policy(&self, policy: &tidegate_api::TierPolicySpec) {
+        let Some(tiers) = Tiers::from_policy(policy) else {
+            tracing::warn!("tier policy without a usable default tier; keeping the current one");
+            return;
+        };
+        *self.tiers.lock().unwrap_or_else(|e| e.into_inner()) = Some(tiers);
+        // A full inbox means the owner is busy and will look at the mailbox on its next step.
+        let _ = self.inbox.try_send(Msg::Wake);
+    }
+}
