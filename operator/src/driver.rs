@@ -138,7 +138,19 @@ impl<W: WorkloadRuntime, M: MetricsSource, E: EngineControl, R: RegistryStore> D
                 self.runtime.apply(pool, spec, target, &[]).await?;
             }
         } else {
-            let victims = pick_victims(&workload.endpoints, (current - target) as usize);
+            // Victims are chosen once and kept until removed, so a drain is never abandoned
+            // half-way because readiness changed (a draining engine stops being ready).
+            let wanted = (current - target) as usize;
+            let mut victims: Vec<Endpoint> = workload
+                .endpoints
+                .iter()
+                .filter(|e| mem.draining.contains_key(&e.name))
+                .cloned()
+                .collect();
+            if victims.is_empty() {
+                victims = pick_victims(&workload.endpoints, wanted);
+            }
+            victims.truncate(wanted);
             let grace_ms = spec.engine.drain_grace_period.as_std().as_millis() as u64;
             let mut all_done = true;
             for v in &victims {

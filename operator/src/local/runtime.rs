@@ -238,13 +238,22 @@ impl WorkloadRuntime for LocalRuntime {
             });
         };
         // A replica whose process exited is gone.
+        // An engine that exits 0 finished a drain: it is retired, not replaced (the driver
+        // drains replicas only to remove them). Any other exit is a crash: replaced below.
+        let mut retired = 0;
         p.replicas.retain_mut(|r| match r.child.try_wait() {
+            Ok(Some(status)) if status.success() => {
+                info!(pool = %pool, replica = %r.name, "engine drained and exited");
+                retired += 1;
+                false
+            }
             Ok(Some(status)) => {
                 warn!(pool = %pool, replica = %r.name, %status, "engine process exited");
                 false
             }
             _ => true,
         });
+        p.desired -= retired;
         // Replace what crashed, as a ReplicaSet would.
         if let Some(spec) = p.spec.clone() {
             while (p.replicas.len() as i32) < p.desired {
