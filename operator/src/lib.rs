@@ -2,3 +2,4 @@
 
 pub mod crdgen;
 pub mod plan;
+pub mod sim;

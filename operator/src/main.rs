@@ -29,6 +29,8 @@ enum Command {
         #[arg(long)]
         check: bool,
     },
+    /// Simulate a pool under traffic traces; compare tidegate with HPA, KEDA and an oracle.
+    Simulate(tidegate_operator::sim::cli::Args),
 }
 
 fn main() -> anyhow::Result<()> {
@@ -39,6 +41,7 @@ fn main() -> anyhow::Result<()> {
             stdout,
             check,
         } => crds(&root, stdout, check),
+        Command::Simulate(args) => tidegate_operator::sim::cli::simulate(&args),
     }
 }
 

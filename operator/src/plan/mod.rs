@@ -229,6 +229,9 @@ pub fn plan(
                 .unwrap_or(current)
                 .max(current)
                 .clamp(min, ceil);
+            // The held count is this tick's recommendation, so that the scale-down window
+            // restarts when metrics return instead of acting on a single fresh sample.
+            state.recommendations.record(now, hold);
             (
                 hold,
                 "metrics unavailable: holding the last decision".to_string(),

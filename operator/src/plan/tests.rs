@@ -277,6 +277,35 @@ fn a_prometheus_outage_causes_no_scale_down_and_no_pause() {
 }
 
 #[test]
+fn after_an_outage_scale_down_waits_a_full_stabilization_window() {
+    let mut pool = Pool::new(spec(1, 20));
+    for _ in 0..20 {
+        pool.tick(200.0);
+    }
+    let high = pool.replicas;
+    // Load drops while Prometheus is down for 10 minutes.
+    pool.prometheus_up = false;
+    for _ in 0..40 {
+        pool.tick(20.0);
+    }
+    pool.prometheus_up = true;
+    // The first fresh samples must not scale down at once: the 5-minute window restarts.
+    for i in 0..19 {
+        let p = pool.tick(20.0);
+        assert_eq!(
+            p.replicas,
+            high,
+            "scaled down {} ticks after the outage",
+            i + 1
+        );
+    }
+    for _ in 0..30 {
+        pool.tick(20.0);
+    }
+    assert!(pool.replicas < high);
+}
+
+#[test]
 fn an_outage_while_paused_keeps_the_pause_without_escalating() {
     let mut pool = Pool::new(spec(1, 3));
     for _ in 0..6 {
