@@ -18,11 +18,11 @@ fn changes(timeline: &[TimePoint], from_s: f64) -> usize {
 
 #[test]
 fn steady_load_does_not_flap() {
-    let cfg = SimConfig::new(3, 0.02);
+    // ~60 replicas: the gauges' noise (Poisson arrivals, heavy-tailed outputs) is ~5%.
+    let cfg = SimConfig::new(3, 0.2);
     let out = run_one(TraceKind::Steady, PolicyKind::Tidegate, &cfg);
-    // After the first 20 minutes the replica count holds (Poisson noise included).
-    let n = changes(&out.timeline, 1200.0);
-    assert!(n <= 4, "{n} replica changes under steady load");
+    let n = changes(&out.timeline, 0.0);
+    assert!(n <= 2, "{n} replica changes under steady load");
     let r = &out.result;
     assert!(r.attainment_existing.expect("served") >= 0.99, "{r:?}");
     assert_eq!(r.refused.new_tenant_pause, 0);
@@ -95,9 +95,11 @@ fn a_prometheus_outage_never_scales_down_or_starts_a_pause() {
         let added = w[1].paused.iter().zip(&w[0].paused).any(|(a, b)| *a && !*b);
         assert!(!added, "paused a tier during the outage");
     }
-    // Once metrics are back, the pool scales down.
-    let last = out.timeline.last().expect("timeline");
-    assert!(last.current < during[0].current);
+    // When metrics return, the scale-down window restarts (5 minutes), then it scales down.
+    let high = during[during.len() - 1].current;
+    let after = |a: f64, b: f64| out.timeline.iter().filter(move |p| (a..b).contains(&p.t_s));
+    assert!(after(8000.0, 8285.0).all(|p| p.current >= high));
+    assert!(after(8285.0, 10_800.0).any(|p| p.current < high));
 }
 
 #[test]
