@@ -140,7 +140,7 @@ impl Pipeline {
             .iter()
             .filter(|s| s.t_us >= from && s.t_us <= now);
         let first = it.next();
-        let last = it.last();
+        let last = it.next_back();
         match (first, last) {
             (Some(f), Some(l)) if l.t_us > f.t_us => Ok((f, l)),
             _ => Err(MetricsProblem::NoData(

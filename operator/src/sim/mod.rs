@@ -108,7 +108,7 @@ impl SimConfig {
             baselines: BaselineSettings {
                 hpa_target_utilization: 0.7,
                 keda_waiting_per_pod: 5.0,
-                oracle_occupancy: 0.85,
+                oracle_occupancy: 0.95,
             },
         }
     }
@@ -132,7 +132,6 @@ scaling:
   scaleDownStabilization: 5m
   maxScaleUpStep: {up}
   maxScaleDownStep: {down}
-  capacityHintTokensPerSecond: {hint}
   metrics: {{source: Prometheus, rateWindow: 1m, staleAfter: 2m}}
 admission: {{enabled: true, pauseThreshold: 0.95, resumeThreshold: 0.8, pauseAfter: 1m, holdTime: 5m, tenantMemory: 24h}}
 tierPolicyRef: {{name: sim}}
@@ -140,7 +139,6 @@ tierPolicyRef: {{name: sim}}
         b = m.max_batch,
         q = m.max_queue,
         r = cfg.tokens_per_second_per_session,
-        hint = (m.saturated_tokens_per_second() * 0.9).round(),
     );
     serde_saphyr::from_str(&yaml).map_err(|e| anyhow::anyhow!("simulator pool spec: {e}"))
 }

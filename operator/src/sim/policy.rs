@@ -74,8 +74,9 @@ pub struct Ctx<'a> {
     pub pool: &'a Pool,
     pub pipeline: &'a Pipeline,
     pub trace: &'a Trace,
-    /// Mean decode-slot seconds per request, measured so far (for the oracle).
-    pub slot_seconds_per_request: f64,
+    /// Mean work per request (decode-step equivalents) of the requests generated so far:
+    /// part of what the oracle knows.
+    pub work_per_request: f64,
     /// Requests per session start (follow-up turns included), for the oracle.
     pub requests_per_session: f64,
     pub min: i32,
@@ -284,7 +285,10 @@ impl Controller {
                 let now = ctx.trace_now_s;
                 let need = |t: f64| {
                     let rate = ctx.trace.expected_base_rate(t) * ctx.requests_per_session;
-                    (rate * ctx.slot_seconds_per_request / (*max_batch * *occupancy)).ceil()
+                    // Sessions per pod at this occupancy, each taking work × itl(batch) seconds.
+                    let batch = *max_batch * *occupancy;
+                    let slot_s = ctx.work_per_request * ctx.pool.model.itl(batch.ceil() as u32);
+                    (rate * slot_s / batch).ceil()
                 };
                 let steps = (*horizon_s / 30.0).ceil() as usize;
                 let want = (0..=steps)

@@ -399,7 +399,10 @@ impl Pool {
     fn create(&mut self, now: u64) -> u32 {
         self.account(now);
         let p = if let Some(p) = self.free.pop() {
+            // Versions continue across reuse, so a stale event of the old pod never matches.
+            let ver = self.pods[p as usize].ver.wrapping_add(1);
             self.pods[p as usize] = Pod::new(now);
+            self.pods[p as usize].ver = ver;
             p
         } else {
             self.pods.push(Pod::new(now));

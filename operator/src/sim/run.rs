@@ -93,6 +93,8 @@ struct Sim<'a> {
     created: Vec<u32>,
     kv_hits: u64,
     kv_misses: u64,
+    work_sum: f64,
+    work_n: u64,
 }
 
 impl Sim<'_> {
@@ -161,6 +163,8 @@ impl Sim<'_> {
     fn arrive(&mut self, req: Req, now: u64) {
         let tier = usize::from(req.tier);
         let counted = self.counted(&req);
+        self.work_sum += f64::from(req.work);
+        self.work_n += 1;
         if counted {
             self.stats.arrived(tier, req.existing);
         }
@@ -264,15 +268,15 @@ impl Sim<'_> {
     }
 }
 
-/// Slot-seconds per request before any has completed, and requests per session start.
+/// Work per request (decode-step equivalents) before any is drawn, and requests per
+/// session start.
 fn service_estimates(cfg: &SimConfig, pool: &Pool) -> (f64, f64) {
-    let occupied_itl = pool.model.itl((pool.model.max_batch * 7).div_ceil(10));
     // Mean of a log-normal, roughly clamped by the tier mix's output caps.
     let out = cfg.output_median * (cfg.output_sigma * cfg.output_sigma / 2.0).exp() * 0.85;
     let work = out + cfg.prompt_median * pool.model.prefill_cost;
     let p = cfg.p_return;
     let turns = (1.0 - p.powi(i32::from(cfg.max_turns))) / (1.0 - p);
-    (work * occupied_itl, turns)
+    (work, turns)
 }
 
 /// Runs one policy on one trace.
@@ -288,7 +292,7 @@ pub fn run(trace: &Trace, policy: PolicyKind, cfg: &SimConfig) -> anyhow::Result
         &mut tenant_rng,
     );
     let pool = Pool::new(cfg.model);
-    let (seed_slot_s, turns) = service_estimates(cfg, &pool);
+    let (seed_work, turns) = service_estimates(cfg, &pool);
     let warm = (cfg.warmup_s * 1e6) as u64;
     let scrape_us = (cfg.scrape_interval_s * 1e6) as u64;
     let control_us = (cfg.control_interval_s * 1e6) as u64;
@@ -314,10 +318,13 @@ pub fn run(trace: &Trace, policy: PolicyKind, cfg: &SimConfig) -> anyhow::Result
         created: Vec::new(),
         kv_hits: 0,
         kv_misses: 0,
+        work_sum: 0.0,
+        work_n: 0,
     };
     let (min, max) = (spec.replicas.min, crate::plan::ceiling(&spec));
     // A warm pool sized for the first minute at the target utilization, for every policy.
-    let initial_need = trace.expected_base_rate(0.0) * turns * seed_slot_s
+    let occupied_itl = cfg.model.itl((cfg.model.max_batch * 7).div_ceil(10));
+    let initial_need = trace.expected_base_rate(0.0) * turns * seed_work * occupied_itl
         / (f64::from(cfg.model.max_batch) * spec.slo.target_utilization);
     for _ in 0..(initial_need.ceil() as i32).clamp(min, max) {
         sim.pool.add_ready(0);
@@ -378,7 +385,11 @@ pub fn run(trace: &Trace, policy: PolicyKind, cfg: &SimConfig) -> anyhow::Result
                     pool: &sim.pool,
                     pipeline: &sim.pipeline,
                     trace,
-                    slot_seconds_per_request: seed_slot_s,
+                    work_per_request: if sim.work_n > 100 {
+                        sim.work_sum / sim.work_n as f64
+                    } else {
+                        seed_work
+                    },
                     requests_per_session: turns,
                     min,
                     max,

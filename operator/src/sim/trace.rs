@@ -81,7 +81,7 @@ impl Trace {
         let (duration_s, tenants, max, step_at) = match kind {
             TraceKind::Tidal => (DAY, 200_000.0, 1000.0, None),
             TraceKind::Flash => (DAY / 2, 200_000.0, 1000.0, Some(4 * 3600)),
-            TraceKind::Ramp => (8 * 3600, 170_000.0, 500.0, None),
+            TraceKind::Ramp => (8 * 3600, 80_000.0, 500.0, None),
             TraceKind::Steady => (2 * 3600, 200_000.0, 1000.0, None),
             TraceKind::Step => (2 * 3600, 200_000.0, 1000.0, Some(3600)),
             TraceKind::Ceiling => (3 * 3600, 200_000.0, 250.0, None),
@@ -176,8 +176,9 @@ impl Trace {
                 };
                 0.04 * n0 / DAY as f64 + wave
             }
-            // Population grows to 5× over the trace: demand from ~30% to ~150% of capacity.
-            TraceKind::Ramp => 4.0 * n0 / self.duration_s as f64,
+            // Population grows to 6× over the trace: demand from ~30% to ~130% of what the
+            // maximum replicas serve with every batch slot full (~190% of it at 70%).
+            TraceKind::Ramp => 5.0 * n0 / self.duration_s as f64,
             // Enough new tenants to matter at the ceiling.
             TraceKind::Ceiling => 0.5 * n0 / self.duration_s as f64,
         }
