@@ -1,7 +1,9 @@
 //! The metrics pipeline as the operator sees it in a cluster: Prometheus scrapes every pod's
 //! counters and gauges every `scrape_interval`; a query at time t sees only samples already
 //! scraped, takes rates over `rate_window` (increase between the first and last sample in
-//! the window, without Prometheus' extrapolation) and computes the queue-wait p99 with
+//! the window, without Prometheus' extrapolation), averages the running/waiting gauges over
+//! the same window (avg_over_time: an instant gauge of a large pool is noisy, ~5%) and
+//! computes the queue-wait p99 with
 //! `histogram_quantile`'s linear interpolation over the engine's histogram buckets.
 //!
 //! Invariants: a query never sees the future (only samples with t ≤ now); fewer than two
@@ -166,8 +168,8 @@ impl Pipeline {
         Ok(PoolMetrics {
             decode_tokens_per_second: (l.tokens - f.tokens) / dt,
             saturated_pod_tokens_per_second: saturated,
-            running: l.running,
-            waiting: l.waiting,
+            running: self.avg_over_window(now, f.t_us, |s| s.running),
+            waiting: self.avg_over_window(now, f.t_us, |s| s.waiting),
             queue_wait_p99_seconds: histogram_quantile(0.99, &delta),
             kv_utilization: l.kv,
             evictions_per_second: (l.evictions - f.evictions) as f64 / dt,
@@ -175,6 +177,20 @@ impl Pipeline {
             pods_reporting: l.pods,
             sampled_at: l.t_us / 1000,
         })
+    }
+
+    /// avg_over_time of a pool-wide gauge over the samples in the window.
+    fn avg_over_window(&self, now: u64, from: u64, g: impl Fn(&Sample) -> f64) -> f64 {
+        let (mut sum, mut n) = (0.0, 0.0);
+        for s in self
+            .samples
+            .iter()
+            .filter(|s| s.t_us >= from && s.t_us <= now)
+        {
+            sum += g(s);
+            n += 1.0;
+        }
+        if n > 0.0 { sum / n } else { 0.0 }
     }
 
     /// Per-pod decode tokens/s over the rate window (HPA's per-pod metric), ready pods only.

@@ -21,7 +21,8 @@ fn steady_load_does_not_flap() {
     // ~60 replicas: the gauges' noise (Poisson arrivals, heavy-tailed outputs) is ~5%.
     let cfg = SimConfig::new(3, 0.2);
     let out = run_one(TraceKind::Steady, PolicyKind::Tidegate, &cfg);
-    let n = changes(&out.timeline, 0.0);
+    // After the warm pool settles (20 minutes), at most one excursion in 100 minutes.
+    let n = changes(&out.timeline, 1200.0);
     assert!(n <= 2, "{n} replica changes under steady load");
     let r = &out.result;
     assert!(r.attainment_existing.expect("served") >= 0.99, "{r:?}");
