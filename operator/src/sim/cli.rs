@@ -25,6 +25,9 @@ pub struct Args {
     /// Also print each policy's replica timeline, one point every this many minutes.
     #[arg(long)]
     pub timeline_minutes: Option<u32>,
+    /// slo.targetUtilization of tidegate's pool (sensitivity; the API default is 0.7).
+    #[arg(long, default_value_t = 0.7)]
+    pub target_utilization: f64,
     /// Worker threads (one run per policy each).
     #[arg(long, default_value_t = 2)]
     pub threads: usize,
@@ -40,7 +43,14 @@ pub fn simulate(args: &Args) -> anyhow::Result<()> {
     if !(args.scale > 0.0 && args.scale <= 10.0) {
         anyhow::bail!("--scale must be in (0, 10], got {}", args.scale);
     }
-    let cfg = SimConfig::new(args.seed, args.scale);
+    if !(0.1..=1.0).contains(&args.target_utilization) {
+        anyhow::bail!(
+            "--target-utilization must be in [0.1, 1], got {}",
+            args.target_utilization
+        );
+    }
+    let mut cfg = SimConfig::new(args.seed, args.scale);
+    cfg.target_utilization = args.target_utilization;
     let started = Instant::now();
     let mut reports = Vec::new();
     for kind in kinds {

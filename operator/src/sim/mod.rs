@@ -75,6 +75,8 @@ pub struct SimConfig {
     /// Prometheus unreachable between these seconds (trace time).
     pub outage_s: Option<(f64, f64)>,
     pub baselines: BaselineSettings,
+    /// slo.targetUtilization of the pool tidegate plans for (the API default is 0.7).
+    pub target_utilization: f64,
 }
 
 impl SimConfig {
@@ -110,6 +112,7 @@ impl SimConfig {
                 keda_waiting_per_pod: 5.0,
                 oracle_occupancy: 0.95,
             },
+            target_utilization: 0.7,
         }
     }
 }
@@ -125,7 +128,7 @@ pub fn pool_spec(trace: &Trace, cfg: &SimConfig) -> anyhow::Result<InferencePool
 model: {{name: sim, uri: "file:///sim"}}
 engine: {{image: sim, maxBatchSize: {b}, maxQueuedRequests: {q}}}
 replicas: {{min: 1, max: {max}}}
-slo: {{tokensPerSecondPerSession: {r}, queueWaitP99: 1s, targetUtilization: 0.7}}
+slo: {{tokensPerSecondPerSession: {r}, queueWaitP99: 1s, targetUtilization: {u}}}
 scaling:
   interval: 15s
   scaleUpStabilization: 0s
@@ -139,6 +142,7 @@ tierPolicyRef: {{name: sim}}
         b = m.max_batch,
         q = m.max_queue,
         r = cfg.tokens_per_second_per_session,
+        u = cfg.target_utilization,
     );
     serde_saphyr::from_str(&yaml).map_err(|e| anyhow::anyhow!("simulator pool spec: {e}"))
 }
@@ -192,4 +196,14 @@ attainment: requests that started decoding within their tier's queue-wait target
 existing = tenant admitted within the 24h memory window, new = not; \
 ref pause/rate/overload: refused by the new-tenant pause, per-tenant rate limits, full queues; \
 ovl exist: overload refusals of existing tenants; react: step start → first scale-up decision; \
-scales: control ticks that changed the replica count; GPU-h includes start-up and draining.";
+scales: control ticks that changed the replica count; GPU-h includes start-up and draining.
+pool: 1 GPU/pod, max batch 16, ITL 20ms + 1.875ms × batch (T = 320 tok/s), queue 64/pod, \
+start-up 2–7 min, scrape 15s, rate window 1m, least-loaded routing.
+tidegate: the operator's planner on an InferencePool with slo r = 20 tok/s, queueWaitP99 1s, \
+targetUtilization 0.7, no capacity hint; pause ≥ 0.95, resume < 0.8, pauseAfter 1m, holdTime 5m; \
+tiers enterprise (never paused) > standard > free.
+hpa-*: Kubernetes HPA algorithm and default behaviour (15s sync, 10% tolerance, up max(100%, 4 pods) \
+per sync, down to the highest recommendation of 300s; starting pods count as 0 when scaling up), \
+target 70% of GPU utilization (decode tokens/s ÷ T per pod) or of KV/batch occupancy (running ÷ \
+max batch). keda-queue: HPA on sum(num_requests_waiting) with AverageValue 5 per pod. \
+oracle: the trace's expected rate 7 min ahead, 95% batch occupancy, no stabilization.";

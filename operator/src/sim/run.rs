@@ -322,10 +322,10 @@ pub fn run(trace: &Trace, policy: PolicyKind, cfg: &SimConfig) -> anyhow::Result
         work_n: 0,
     };
     let (min, max) = (spec.replicas.min, crate::plan::ceiling(&spec));
-    // A warm pool sized for the first minute at the target utilization, for every policy.
+    // The same warm pool for every policy: the first minute's load at 70% occupancy.
     let occupied_itl = cfg.model.itl((cfg.model.max_batch * 7).div_ceil(10));
     let initial_need = trace.expected_base_rate(0.0) * turns * seed_work * occupied_itl
-        / (f64::from(cfg.model.max_batch) * spec.slo.target_utilization);
+        / (f64::from(cfg.model.max_batch) * 0.7);
     for _ in 0..(initial_need.ceil() as i32).clamp(min, max) {
         sim.pool.add_ready(0);
     }
