@@ -1,5 +1,12 @@
 //! tidegate operator: CRD generation, pure planning, controllers and adapters.
 
 pub mod crdgen;
+pub mod direct_metrics;
+pub mod driver;
+pub mod engine_client;
+pub mod local;
 pub mod plan;
+pub mod ports;
+pub mod registry;
 pub mod sim;
+pub mod status_build;

@@ -22,7 +22,7 @@ use tidegate_api::{AdmissionState, Duration, InferencePoolSpec, ScalingMode, Tie
 
 pub use admission::AdmissionMachine;
 pub use capacity::CapacityModel;
-pub use conditions::{ConditionPlan, merge_conditions};
+pub use conditions::{ConditionPlan, merge_conditions, rfc3339, to_time};
 pub use replicas::Recommendations;
 
 /// Milliseconds since the Unix epoch: the planner's only notion of time.

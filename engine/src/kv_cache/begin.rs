@@ -1,0 +1,351 @@
+//! Starting (or resuming) a sequence: reuse a returning session's resident blocks, restore its
+//! offloaded bytes from host or disk, or fall back to shared-prefix hits and recompute.
+//!
+//! Invariants:
+//! - at most `tokens.len() - 1` tokens are ever reported computed, so the sequence always
+//!   computes at least its last token (the runner needs its logits);
+//! - all or nothing: when the blocks for the reused prefix plus the first chunk cannot be
+//!   found, `begin_seq` returns `None`, holds no block for the sequence and leaves the
+//!   session's KV where it was (at most truncated to the part the new prompt shares);
+//! - a reused partial block that other holders share is copied before it can be written
+//!   (copy-on-write through `BlockIo::copy_block`); a sole holder's block just loses its hash.
+
+use super::block_pool::BlockId;
+use super::io_ops;
+use super::manager::{IdleKv, IdleSession, KvCacheManager, SeqId, SeqKv, SessionKey};
+use super::offload_store::Place;
+use super::prefix_hash::{ROOT_HASH, block_hash};
+use super::stats::KvSource;
+use super::tier::TierId;
+use crate::block_io::BlockIo;
+
+/// What a sequence asks for when it starts (or resumes after preemption).
+#[derive(Clone, Copy, Debug)]
+pub struct SeqStart<'a> {
+    /// The sequence.
+    pub seq: SeqId,
+    /// Its tier.
+    pub tier: TierId,
+    /// All its known tokens (prompt, plus tokens generated before a preemption).
+    pub tokens: &'a [u32],
+    /// Its chat session, whose idle KV it may reuse.
+    pub session: Option<&'a str>,
+    /// New tokens it will compute in its first step (room is made for them too).
+    pub chunk: usize,
+}
+
+/// How a sequence started.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Begin {
+    /// Leading tokens whose KV is already in the block table.
+    pub computed: usize,
+    /// Where that KV came from.
+    pub source: KvSource,
+}
+
+/// Length of the common prefix of two token lists.
+fn common_prefix(a: &[u32], b: &[u32]) -> usize {
+    a.iter().zip(b).take_while(|(x, y)| x == y).count()
+}
+
+impl KvCacheManager {
+    /// Gives a starting sequence a block table covering the KV it can reuse plus room for its
+    /// first `chunk` new tokens. A preempted sequence resumes its own parked KV; otherwise a
+    /// named session's idle KV is used; otherwise shared-prefix hits. `None` when the blocks
+    /// cannot be found (nothing changes for the caller's request).
+    pub fn begin_seq(
+        &mut self,
+        start: SeqStart<'_>,
+        now: u64,
+        io: &mut dyn BlockIo,
+    ) -> Option<Begin> {
+        if self.seqs.contains_key(&start.seq) || start.tokens.is_empty() {
+            return None;
+        }
+        let preempted = SessionKey::Preempted(start.seq);
+        let key = if self.sessions.contains_key(&preempted) || self.drops.remove(&preempted) {
+            preempted
+        } else if let Some(name) = start.session {
+            SessionKey::Named(name.to_string())
+        } else {
+            let computed = self.begin_prefix(start, now, io)?;
+            return Some(Begin {
+                computed,
+                source: KvSource::Fresh,
+            });
+        };
+        let idle = self.sessions.remove(&key);
+        let known =
+            idle.is_some() || matches!(key, SessionKey::Preempted(_)) || self.drops.remove(&key);
+        let begun = match idle {
+            Some(
+                idle @ IdleSession {
+                    kv: IdleKv::Resident { .. },
+                    ..
+                },
+            ) => self.begin_resident(start, key.clone(), idle, now, io),
+            Some(idle) => self.begin_stored(start, key.clone(), idle, now, io),
+            None => self.begin_prefix(start, now, io).map(|computed| Begin {
+                computed,
+                source: if known {
+                    KvSource::Recompute
+                } else {
+                    KvSource::Fresh
+                },
+            }),
+        };
+        match &begun {
+            Some(b) => {
+                self.stats.restored(b.source);
+                debug_assert!(b.computed < start.tokens.len());
+            }
+            None if known && !self.sessions.contains_key(&key) => self.drops.insert(key),
+            None => {}
+        }
+        begun
+    }
+
+    /// Shared-prefix hits for `tokens` (full blocks only, at most `cap` tokens): the acquired
+    /// blocks and their chained hashes.
+    fn acquire_prefix_hits(&mut self, tokens: &[u32], cap: usize) -> (Vec<BlockId>, Vec<u64>) {
+        let b = self.block_size;
+        let mut blocks = Vec::new();
+        let mut hashes = Vec::new();
+        let mut parent = ROOT_HASH;
+        for i in 0..cap / b {
+            let chunk = &tokens[i * b..(i + 1) * b];
+            let Some(hit) = self.pool.lookup(parent, chunk) else {
+                break;
+            };
+            self.pool.acquire(hit);
+            parent = block_hash(parent, chunk);
+            blocks.push(hit);
+            hashes.push(parent);
+        }
+        (blocks, hashes)
+    }
+
+    /// Fresh start (or recompute): shared-prefix hits plus new blocks for the first chunk.
+    /// Returns the computed token count.
+    fn begin_prefix(
+        &mut self,
+        start: SeqStart<'_>,
+        now: u64,
+        io: &mut dyn BlockIo,
+    ) -> Option<usize> {
+        let SeqStart {
+            seq,
+            tier,
+            tokens,
+            chunk,
+            ..
+        } = start;
+        let (blocks, hashes) = self.acquire_prefix_hits(tokens, tokens.len() - 1);
+        let computed = blocks.len() * self.block_size;
+        let total = (computed + chunk).min(tokens.len());
+        let need = self.blocks_for(total).saturating_sub(blocks.len());
+        if !self.ensure_free(need, now, io, None) {
+            self.release_all(&blocks);
+            return None;
+        }
+        self.stats.prefix_hit_tokens += computed as u64;
+        self.install(seq, tier, blocks, hashes, need)?;
+        Some(computed)
+    }
+
+    /// Returning session with resident blocks: keep those its new prompt shares.
+    fn begin_resident(
+        &mut self,
+        start: SeqStart<'_>,
+        key: SessionKey,
+        idle: IdleSession,
+        now: u64,
+        io: &mut dyn BlockIo,
+    ) -> Option<Begin> {
+        let SeqStart {
+            seq,
+            tier,
+            tokens,
+            chunk,
+            ..
+        } = start;
+        let IdleSession {
+            tier: stier,
+            tokens: stok,
+            kv:
+                IdleKv::Resident {
+                    mut blocks,
+                    mut hashes,
+                },
+            ..
+        } = idle
+        else {
+            return None;
+        };
+        let b = self.block_size;
+        let reuse = common_prefix(&stok, tokens).min(tokens.len() - 1);
+        let keep = self.blocks_for(reuse).min(blocks.len());
+        let reuse = reuse.min(keep * b);
+        let extra: Vec<BlockId> = blocks.drain(keep..).collect();
+        self.release_all(&extra);
+        hashes.truncate(reuse / b);
+        // A partial last block gets written: it must not stay shared or hashed.
+        let partial = !reuse.is_multiple_of(b);
+        let cow = partial && keep > 0 && self.pool.ref_count(blocks[keep - 1]) > 1;
+        let total = (reuse + chunk).min(tokens.len());
+        let need = self.blocks_for(total).saturating_sub(keep) + usize::from(cow);
+        if !self.ensure_free(need, now, io, Some(&key)) {
+            self.sessions.insert(
+                key,
+                IdleSession {
+                    tier: stier,
+                    tokens: stok[..reuse].to_vec(),
+                    kv: IdleKv::Resident { blocks, hashes },
+                    last_use: now,
+                },
+            );
+            return None;
+        }
+        let mut reuse = reuse;
+        if partial && keep > 0 {
+            let last = blocks[keep - 1];
+            if cow {
+                let copy = self.pool.allocate()?;
+                if io_ops::copy(io, last, copy) {
+                    self.stats.cow_copies += 1;
+                } else {
+                    // The copy holds nothing valid: recompute that block's tokens.
+                    reuse = (keep - 1) * b;
+                }
+                self.pool.release(last);
+                blocks[keep - 1] = copy;
+            } else {
+                self.pool.clear_content(last);
+            }
+        }
+        self.install(seq, tier, blocks, hashes, need - usize::from(cow))?;
+        Some(Begin {
+            computed: reuse,
+            source: KvSource::Resident,
+        })
+    }
+
+    /// Returning session (or resuming preempted sequence) whose KV is in host RAM or on disk:
+    /// shared-prefix hits first, then the rest restored from the store when reading beats
+    /// recomputing.
+    fn begin_stored(
+        &mut self,
+        start: SeqStart<'_>,
+        key: SessionKey,
+        idle: IdleSession,
+        now: u64,
+        io: &mut dyn BlockIo,
+    ) -> Option<Begin> {
+        let SeqStart {
+            seq,
+            tier,
+            tokens,
+            chunk,
+            ..
+        } = start;
+        let IdleKv::Stored(id) = idle.kv else {
+            return None;
+        };
+        let bsz = self.block_size;
+        let cap = tokens.len() - 1;
+        let (hit_blocks, hit_hashes) = self.acquire_prefix_hits(tokens, cap);
+        let hits = hit_blocks.len();
+        let stored_reuse = common_prefix(&idle.tokens, tokens).min(cap);
+        let (stored_bytes, place) = self.store.peek(id).unwrap_or((0, Place::Host));
+        let stored_blocks = stored_bytes / self.block_bytes.max(1);
+        let restore_to = self.blocks_for(stored_reuse).min(stored_blocks);
+        let stored_reuse = stored_reuse.min(restore_to * bsz);
+        let restore_n = restore_to.saturating_sub(hits);
+        let worth = restore_n > 0
+            && self.cost.restore_beats_recompute(
+                restore_n * self.block_bytes,
+                stored_reuse.saturating_sub(hits * bsz),
+                place == Place::Disk,
+            );
+        let computed = if worth {
+            stored_reuse.max(hits * bsz)
+        } else {
+            hits * bsz
+        };
+        let total = (computed + chunk).min(tokens.len());
+        let need = self.blocks_for(total).saturating_sub(hits);
+        if !self.ensure_free(need, now, io, Some(&key)) {
+            self.release_all(&hit_blocks);
+            // Evictions made while trying may have pushed this entry out of the store.
+            if self.store.peek(id).is_some() {
+                self.sessions.insert(key, idle);
+            } else {
+                self.drops.insert(key);
+            }
+            return None;
+        }
+        self.stats.prefix_hit_tokens += (hits * bsz) as u64;
+        let data = self.store.take(id);
+        let source = match (&data, worth) {
+            (Some((_, Place::Host)), true) => KvSource::Host,
+            (Some((_, Place::Disk)), true) => KvSource::Disk,
+            _ if restore_n == 0 && hits * bsz >= stored_reuse && stored_reuse > 0 => {
+                KvSource::Resident
+            }
+            _ => KvSource::Recompute,
+        };
+        let computed = match source {
+            KvSource::Host | KvSource::Disk => computed,
+            _ => hits * bsz,
+        };
+        let mut blocks = hit_blocks;
+        let hashes = hit_hashes;
+        let mut restored = true;
+        if let (Some((bytes, _)), KvSource::Host | KvSource::Disk) = (&data, source) {
+            let bb = self.block_bytes;
+            for i in hits..restore_to {
+                let b = self.pool.allocate()?;
+                let image = bytes.get(i * bb..(i + 1) * bb).unwrap_or(&[]);
+                restored &= io_ops::write(io, b, image, bb);
+                blocks.push(b);
+            }
+        }
+        // A failed write leaves garbage in the restored blocks: recompute them instead.
+        let (computed, source) = if restored {
+            (computed, source)
+        } else {
+            (hits * bsz, KvSource::Recompute)
+        };
+        let more = self
+            .blocks_for(total.max(computed))
+            .saturating_sub(blocks.len());
+        self.install(seq, tier, blocks, hashes, more)?;
+        if matches!(source, KvSource::Host | KvSource::Disk) {
+            self.cache_full_blocks(seq, &tokens[..computed]);
+        }
+        Some(Begin { computed, source })
+    }
+
+    /// Registers `seq` with `blocks` (already held) plus `more` freshly allocated blocks.
+    fn install(
+        &mut self,
+        seq: SeqId,
+        tier: TierId,
+        mut blocks: Vec<BlockId>,
+        hashes: Vec<u64>,
+        more: usize,
+    ) -> Option<()> {
+        for _ in 0..more {
+            blocks.push(self.pool.allocate()?);
+        }
+        self.seqs.insert(
+            seq,
+            SeqKv {
+                tier,
+                blocks,
+                hashes,
+            },
+        );
+        Some(())
+    }
+}

@@ -1,0 +1,422 @@
+//! Offloaded KV bytes off the device: host RAM first, spilled to disk files, dropped last.
+//!
+//! Invariants:
+//! - `host_used ≤ host_budget` and `disk_used ≤ disk_budget` at every instant: room is made
+//!   (LRU host entries spill to disk, LRU disk entries are dropped) before bytes are placed,
+//!   and an entry larger than a budget never goes to that place;
+//! - `host_used` / `disk_used` equal the sum of the sizes of the entries in each place, and
+//!   each entry is in exactly one place with exactly one LRU record;
+//! - a disk entry owns exactly one file, removed when the entry is taken, dropped, or the store
+//!   itself is dropped. Any disk failure turns into "entry gone" (the caller recomputes),
+//!   never into an error that stops the engine.
+
+use std::collections::{BTreeSet, HashMap};
+use std::path::PathBuf;
+use std::sync::atomic::{AtomicU64, Ordering};
+
+/// Identifies one stored entry.
+pub type EntryId = u64;
+
+/// Where an entry's bytes are.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Place {
+    /// Host RAM.
+    Host,
+    /// A file in the disk directory.
+    Disk,
+}
+
+/// Budgets and the spill directory. Budgets count KV bytes (whole blocks); the small
+/// per-session metadata (token ids) lives outside them.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct StoreConfig {
+    /// Host RAM for offloaded KV.
+    pub host_budget_bytes: usize,
+    /// Disk space for spilled KV.
+    pub disk_budget_bytes: usize,
+    /// Directory for spill files; `None` disables disk.
+    pub disk_dir: Option<PathBuf>,
+}
+
+/// Counters of the store's own decisions.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct StoreStats {
+    /// Entries moved from host RAM to disk.
+    pub spills_to_disk: u64,
+    /// Entries dropped for lack of room (their owners recompute).
+    pub dropped: u64,
+    /// Disk writes or reads that failed.
+    pub disk_errors: u64,
+}
+
+struct Entry<K> {
+    owner: K,
+    bytes: usize,
+    last_use: u64,
+    host: Option<Vec<u8>>,
+    file: Option<PathBuf>,
+}
+
+/// Result of [`OffloadStore::put`].
+#[derive(Debug)]
+pub struct Put<K> {
+    /// The new entry, or `None` if it fit nowhere (the bytes were dropped).
+    pub stored: Option<(EntryId, Place)>,
+    /// Owners of older entries dropped to make room.
+    pub dropped: Vec<K>,
+}
+
+/// Host + disk store of offloaded KV, keyed by entry id, remembering each entry's owner.
+pub struct OffloadStore<K> {
+    cfg: StoreConfig,
+    entries: HashMap<EntryId, Entry<K>>,
+    host_lru: BTreeSet<(u64, EntryId)>,
+    disk_lru: BTreeSet<(u64, EntryId)>,
+    host_used: usize,
+    disk_used: usize,
+    next_id: EntryId,
+    instance: u64,
+    stats: StoreStats,
+}
+
+static INSTANCES: AtomicU64 = AtomicU64::new(0);
+
+impl<K> std::fmt::Debug for OffloadStore<K> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("OffloadStore")
+            .field("entries", &self.entries.len())
+            .field("host_used", &self.host_used)
+            .field("disk_used", &self.disk_used)
+            .finish()
+    }
+}
+
+impl<K: Clone> OffloadStore<K> {
+    /// An empty store.
+    pub fn new(cfg: StoreConfig) -> Self {
+        OffloadStore {
+            cfg,
+            entries: HashMap::new(),
+            host_lru: BTreeSet::new(),
+            disk_lru: BTreeSet::new(),
+            host_used: 0,
+            disk_used: 0,
+            next_id: 0,
+            instance: INSTANCES.fetch_add(1, Ordering::Relaxed),
+            stats: StoreStats::default(),
+        }
+    }
+
+    /// Bytes held in host RAM.
+    pub fn host_used(&self) -> usize {
+        self.host_used
+    }
+
+    /// Bytes held on disk.
+    pub fn disk_used(&self) -> usize {
+        self.disk_used
+    }
+
+    /// The configured budgets.
+    pub fn config(&self) -> &StoreConfig {
+        &self.cfg
+    }
+
+    /// Counters.
+    pub fn stats(&self) -> StoreStats {
+        self.stats
+    }
+
+    /// Number of entries.
+    pub fn len(&self) -> usize {
+        self.entries.len()
+    }
+
+    /// Whether the store holds nothing.
+    pub fn is_empty(&self) -> bool {
+        self.entries.is_empty()
+    }
+
+    /// Size and place of an entry.
+    pub fn peek(&self, id: EntryId) -> Option<(usize, Place)> {
+        self.entries.get(&id).map(|e| (e.bytes, place_of(e)))
+    }
+
+    /// Stores `data` for `owner`: in host RAM if it can fit there (spilling older entries to
+    /// disk), else on disk (dropping older disk entries), else nowhere.
+    pub fn put(&mut self, owner: K, data: Vec<u8>, now: u64) -> Put<K> {
+        let id = self.next_id;
+        self.next_id += 1;
+        let bytes = data.len();
+        let mut dropped = Vec::new();
+        let mut entry = Entry {
+            owner,
+            bytes,
+            last_use: now,
+            host: None,
+            file: None,
+        };
+        if bytes <= self.cfg.host_budget_bytes {
+            while self.host_used + bytes > self.cfg.host_budget_bytes {
+                let Some(&(_, victim)) = self.host_lru.iter().next() else {
+                    break;
+                };
+                self.spill(victim, &mut dropped);
+            }
+            if self.host_used + bytes <= self.cfg.host_budget_bytes {
+                self.host_used += bytes;
+                self.host_lru.insert((now, id));
+                entry.host = Some(data);
+                self.entries.insert(id, entry);
+                return Put {
+                    stored: Some((id, Place::Host)),
+                    dropped,
+                };
+            }
+        }
+        match self.write_disk(id, &data, &mut dropped) {
+            Some(path) => {
+                self.disk_used += bytes;
+                self.disk_lru.insert((now, id));
+                entry.file = Some(path);
+                self.entries.insert(id, entry);
+                Put {
+                    stored: Some((id, Place::Disk)),
+                    dropped,
+                }
+            }
+            None => {
+                self.stats.dropped += 1;
+                Put {
+                    stored: None,
+                    dropped,
+                }
+            }
+        }
+    }
+
+    /// Removes an entry and returns its bytes and where they were; `None` if it is gone or
+    /// its file could not be read back intact.
+    pub fn take(&mut self, id: EntryId) -> Option<(Vec<u8>, Place)> {
+        let e = self.unlink(id)?;
+        if let Some(data) = e.host {
+            return Some((data, Place::Host));
+        }
+        let path = e.file?;
+        let read = std::fs::read(&path);
+        let _ = std::fs::remove_file(&path);
+        match read {
+            Ok(data) if data.len() == e.bytes => Some((data, Place::Disk)),
+            _ => {
+                self.stats.disk_errors += 1;
+                None
+            }
+        }
+    }
+
+    /// Removes an entry, discarding its bytes. Returns whether it existed.
+    pub fn remove(&mut self, id: EntryId) -> bool {
+        match self.unlink(id) {
+            Some(e) => {
+                if let Some(path) = e.file {
+                    let _ = std::fs::remove_file(path);
+                }
+                true
+            }
+            None => false,
+        }
+    }
+
+    fn unlink(&mut self, id: EntryId) -> Option<Entry<K>> {
+        let e = self.entries.remove(&id)?;
+        if e.host.is_some() {
+            self.host_lru.remove(&(e.last_use, id));
+            self.host_used -= e.bytes;
+        } else {
+            self.disk_lru.remove(&(e.last_use, id));
+            self.disk_used -= e.bytes;
+        }
+        Some(e)
+    }
+
+    /// Moves host entry `id` to disk, or drops it if disk cannot take it.
+    fn spill(&mut self, id: EntryId, dropped: &mut Vec<K>) {
+        let Some(mut e) = self.unlink(id) else {
+            return;
+        };
+        let data = e.host.take().unwrap_or_default();
+        match self.write_disk(id, &data, dropped) {
+            Some(path) => {
+                self.stats.spills_to_disk += 1;
+                self.disk_used += e.bytes;
+                self.disk_lru.insert((e.last_use, id));
+                e.file = Some(path);
+                self.entries.insert(id, e);
+            }
+            None => {
+                self.stats.dropped += 1;
+                dropped.push(e.owner);
+            }
+        }
+    }
+
+    /// Makes room on disk (dropping LRU disk entries) and writes `data`; `None` if disk is
+    /// disabled, too small, or the write failed.
+    fn write_disk(&mut self, id: EntryId, data: &[u8], dropped: &mut Vec<K>) -> Option<PathBuf> {
+        let dir = self.cfg.disk_dir.clone()?;
+        if data.len() > self.cfg.disk_budget_bytes {
+            return None;
+        }
+        while self.disk_used + data.len() > self.cfg.disk_budget_bytes {
+            let &(_, victim) = self.disk_lru.iter().next()?;
+            if let Some(e) = self.unlink(victim) {
+                if let Some(path) = e.file {
+                    let _ = std::fs::remove_file(path);
+                }
+                self.stats.dropped += 1;
+                dropped.push(e.owner);
+            }
+        }
+        let path = dir.join(format!(
+            "kv-{}-{}-{id}.bin",
+            std::process::id(),
+            self.instance
+        ));
+        let written = std::fs::create_dir_all(&dir).and_then(|()| std::fs::write(&path, data));
+        match written {
+            Ok(()) => Some(path),
+            Err(_) => {
+                let _ = std::fs::remove_file(&path);
+                self.stats.disk_errors += 1;
+                None
+            }
+        }
+    }
+
+    /// Verifies the invariants in the module note.
+    pub fn check(&self) -> Result<(), String> {
+        if self.host_used > self.cfg.host_budget_bytes {
+            return Err(format!("host {} > budget", self.host_used));
+        }
+        if self.disk_used > self.cfg.disk_budget_bytes {
+            return Err(format!("disk {} > budget", self.disk_used));
+        }
+        let host: usize = self
+            .entries
+            .values()
+            .filter(|e| e.host.is_some())
+            .map(|e| e.bytes)
+            .sum();
+        let disk: usize = self
+            .entries
+            .values()
+            .filter(|e| e.file.is_some())
+            .map(|e| e.bytes)
+            .sum();
+        if host != self.host_used || disk != self.disk_used {
+            return Err(format!(
+                "accounting: host {host}/{} disk {disk}/{}",
+                self.host_used, self.disk_used
+            ));
+        }
+        if self.host_lru.len() + self.disk_lru.len() != self.entries.len() {
+            return Err("lru records != entries".into());
+        }
+        Ok(())
+    }
+}
+
+fn place_of<K>(e: &Entry<K>) -> Place {
+    if e.host.is_some() {
+        Place::Host
+    } else {
+        Place::Disk
+    }
+}
+
+impl<K> Drop for OffloadStore<K> {
+    fn drop(&mut self) {
+        for e in self.entries.values() {
+            if let Some(path) = &e.file {
+                let _ = std::fs::remove_file(path);
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn store(host: usize, disk: usize, dir: Option<PathBuf>) -> OffloadStore<&'static str> {
+        OffloadStore::new(StoreConfig {
+            host_budget_bytes: host,
+            disk_budget_bytes: disk,
+            disk_dir: dir,
+        })
+    }
+
+    fn files_bytes(dir: &std::path::Path) -> usize {
+        std::fs::read_dir(dir)
+            .map(|rd| {
+                rd.filter_map(|e| e.ok()?.metadata().ok())
+                    .map(|m| m.len() as usize)
+                    .sum()
+            })
+            .unwrap_or(0)
+    }
+
+    #[test]
+    fn host_spills_lru_to_disk_then_drops_lru_disk() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut s = store(20, 20, Some(dir.path().to_path_buf()));
+        let a = s.put("a", vec![1; 10], 1).stored.unwrap();
+        let b = s.put("b", vec![2; 10], 2).stored.unwrap();
+        assert_eq!((a.1, b.1), (Place::Host, Place::Host));
+        let c = s.put("c", vec![3; 10], 3);
+        assert!(c.dropped.is_empty());
+        assert_eq!(s.peek(a.0), Some((10, Place::Disk)));
+        s.put("d", vec![4; 10], 4);
+        s.put("e", vec![5; 10], 5);
+        // Each spill now drops the LRU disk entry: a for c's spill, b for d's.
+        let dropped = s.put("f", vec![6; 10], 6).dropped;
+        assert_eq!(dropped, vec!["b"]);
+        assert!(s.host_used() <= 20 && s.disk_used() <= 20);
+        assert!(files_bytes(dir.path()) <= 20);
+        s.check().unwrap();
+        let (data, place) = s.take(s.next_id - 1).unwrap();
+        assert_eq!((data, place), (vec![6; 10], Place::Host));
+        let (data, place) = s.take(3).unwrap();
+        assert_eq!((data, place), (vec![4; 10], Place::Disk));
+        assert_eq!(s.take(0), None);
+        s.check().unwrap();
+        drop(s);
+        assert_eq!(files_bytes(dir.path()), 0);
+    }
+
+    #[test]
+    fn oversized_or_no_disk_is_dropped() {
+        let mut s = store(8, 0, None);
+        assert!(s.put("big", vec![0; 9], 0).stored.is_none());
+        let a = s.put("a", vec![0; 8], 1).stored.unwrap();
+        let p = s.put("b", vec![0; 8], 2);
+        assert_eq!(p.dropped, vec!["a"]);
+        assert!(s.peek(a.0).is_none());
+        assert_eq!(s.stats().dropped, 2);
+        s.check().unwrap();
+    }
+
+    #[test]
+    fn unreadable_file_means_gone() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut s = store(0, 100, Some(dir.path().to_path_buf()));
+        let (id, place) = s.put("a", vec![9; 16], 0).stored.unwrap();
+        assert_eq!(place, Place::Disk);
+        for f in std::fs::read_dir(dir.path()).unwrap() {
+            std::fs::write(f.unwrap().path(), b"short").unwrap();
+        }
+        assert_eq!(s.take(id), None);
+        assert_eq!(s.stats().disk_errors, 1);
+        assert_eq!(s.disk_used(), 0);
+    }
+}

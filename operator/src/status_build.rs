@@ -1,0 +1,76 @@
+//! Builds an InferencePool's status from one tick's plan (pure, no I/O).
+//!
+//! Invariants: measured figures are rounded so that status patches do not churn; at most
+//! MAX_RECENT_DECISIONS decisions are kept, newest first; lastTransitionTime of a condition
+//! moves only when its status changes.
+
+use tidegate_api::status::{
+    AdmissionStatus, InferencePoolStatus, MAX_RECENT_DECISIONS, Measured, ScalingDecision,
+};
+
+use crate::plan::{Millis, Plan, merge_conditions, to_time};
+use crate::ports::WorkloadState;
+
+fn round(x: f64, digits: i32) -> f64 {
+    let f = 10f64.powi(digits);
+    (x * f).round() / f
+}
+
+/// The status after this tick.
+pub fn build(
+    previous: Option<&InferencePoolStatus>,
+    plan: &Plan,
+    workload: &WorkloadState,
+    generation: Option<i64>,
+    now: Millis,
+    last_scale_time: Option<Millis>,
+) -> InferencePoolStatus {
+    let prev = previous.cloned().unwrap_or_default();
+    let measured = match &plan.measured {
+        Some(m) => Some(Measured {
+            decode_tokens_per_second: round(m.decode_tokens_per_second, 1),
+            per_replica_capacity: round(m.per_replica_capacity, 1),
+            demand_tokens_per_second: round(m.demand_tokens_per_second, 1),
+            utilization: round(m.utilization, 2),
+            queue_wait_p99: m.queue_wait_p99.to_string(),
+            kv_utilization: round(m.kv_utilization, 2),
+            evictions_per_second: round(m.evictions_per_second, 2),
+            observed_at: Some(to_time(m.observed_at)),
+        }),
+        // Keep the last measurements on display while metrics are missing; the
+        // MetricsAvailable condition says they are old.
+        None => prev.measured.clone(),
+    };
+    let admission = AdmissionStatus {
+        state: plan.admission.state,
+        since: plan.admission.since.map(to_time),
+        reason: plan.admission.reason.clone(),
+        paused_tiers: plan.admission.paused_tiers.clone(),
+    };
+    let mut recent = prev.recent_decisions.clone();
+    if let Some(d) = &plan.decision {
+        recent.insert(
+            0,
+            ScalingDecision {
+                time: to_time(now),
+                from: d.from,
+                to: d.to,
+                reason: d.reason.clone(),
+                applied: d.applied,
+            },
+        );
+        recent.truncate(MAX_RECENT_DECISIONS);
+    }
+    InferencePoolStatus {
+        observed_generation: generation,
+        replicas: workload.replicas.unwrap_or(0),
+        ready_replicas: workload.ready_replicas,
+        desired_replicas: plan.desired_replicas,
+        selector: Some(workload.selector.clone()).filter(|s| !s.is_empty()),
+        measured,
+        admission: Some(admission),
+        last_scale_time: last_scale_time.map(to_time).or(prev.last_scale_time),
+        recent_decisions: recent,
+        conditions: merge_conditions(&prev.conditions, &plan.conditions, now, generation),
+    }
+}
