@@ -9,4 +9,5 @@ pub mod local;
 pub mod plan;
 pub mod ports;
 pub mod registry;
+pub mod sim;
 pub mod status_build;

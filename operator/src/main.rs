@@ -34,6 +34,8 @@ enum Command {
     /// Run tidegate on this machine: engine processes, the real control loop, and a tidal
     /// load that shows the pool scale up, pause new tenants at its ceiling, and recover.
     Local(tidegate_operator::local::LocalArgs),
+    /// Simulate a pool under traffic traces; compare tidegate with HPA, KEDA and an oracle.
+    Simulate(tidegate_operator::sim::cli::Args),
 }
 
 fn main() -> anyhow::Result<()> {
@@ -49,6 +51,7 @@ fn main() -> anyhow::Result<()> {
             init_logs();
             tokio::runtime::Runtime::new()?.block_on(tidegate_operator::local::run(args))
         }
+        Command::Simulate(args) => tidegate_operator::sim::cli::simulate(&args),
     }
 }
 

@@ -229,6 +229,9 @@ pub fn plan(
                 .unwrap_or(current)
                 .max(current)
                 .clamp(min, ceil);
+            // The held count is this tick's recommendation, so that the scale-down window
+            // restarts when metrics return instead of acting on a single fresh sample.
+            state.recommendations.record(now, hold);
             (
                 hold,
                 "metrics unavailable: holding the last decision".to_string(),
@@ -272,7 +275,9 @@ pub fn plan(
     }
 
     // Admission at the ceiling.
-    let at_ceiling = desired >= ceil && current >= ceil;
+    // At the ceiling means ceiling replicas are running *and ready*: while some are still
+    // starting, the queue they will drain is no reason to pause new tenants.
+    let at_ceiling = desired >= ceil && current >= ceil && obs.ready_replicas >= ceil;
     let pressure = measured.as_ref().map(|m| admission::Pressure::of(spec, m));
     let exhausted = at_ceiling && pressure.as_ref().is_some_and(|p| p.over_pause(spec));
     if exhausted {

@@ -1,6 +1,7 @@
 //! The scaling rule and its stabilization windows.
 //!
-//! required = ceil(demand ÷ (capacity × target utilization)), raised by at least one
+//! required = ceil(demand ÷ (capacity × target utilization)), held at the current count
+//! while demand is within ±10% of what it serves at the target, raised by at least one
 //! replica while p99 queue wait exceeds its target, bounded by [min, ceiling]. The
 //! stabilized value scales up to the lowest recommendation within the scale-up window
 //! (0s: at once) and down only to the highest recommendation within the scale-down window,
@@ -11,6 +12,10 @@ use std::collections::VecDeque;
 use tidegate_api::InferencePoolSpec;
 
 use super::{MeasuredPlan, Millis};
+
+/// Relative demand change, against what the current replicas serve at the target
+/// utilization, that the rule ignores (the same default as the Kubernetes HPA).
+pub const TOLERANCE: f64 = 0.1;
 
 /// Recommendations kept for the stabilization windows.
 #[derive(Clone, Debug, Default, PartialEq)]
@@ -59,6 +64,19 @@ pub fn required(
         m.demand_tokens_per_second, m.per_replica_capacity, spec.slo.target_utilization
     );
     let mut wanted = by_demand;
+    // Tolerance: while demand is within ±TOLERANCE of what the current replicas serve at
+    // the target utilization, hold them; the noise of a steady load would otherwise scale
+    // up on every upward blip (the up window is short) and down again a window later.
+    if current > 0 && per_replica > 0.0 && wanted != current {
+        let ratio = m.demand_tokens_per_second / (f64::from(current) * per_replica);
+        if (ratio - 1.0).abs() <= TOLERANCE {
+            wanted = current;
+            why = format!(
+                "{why}: within {:.0}% of the current {current}, held",
+                TOLERANCE * 100.0
+            );
+        }
+    }
     let target = spec.slo.queue_wait_p99.as_secs_f64();
     if m.queue_wait_p99.as_secs_f64() > target && current < ceiling {
         // Queue wait says we are short even if the demand estimate does not.

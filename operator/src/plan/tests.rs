@@ -137,6 +137,23 @@ fn steady_load_never_flaps_over_an_hour() {
 }
 
 #[test]
+fn steady_load_with_nine_percent_noise_holds_its_replicas() {
+    let mut pool = Pool::new(spec(1, 10));
+    // 140 sessions ⇒ exactly 4 replicas at the target; ±9% noise stays within tolerance.
+    for _ in 0..8 {
+        pool.tick(140.0);
+    }
+    let settled = pool.replicas;
+    let before = pool.scale_events();
+    for i in 0..(3600 / 15) {
+        let x = ((i as u64).wrapping_mul(2_654_435_761) % 1000) as f64 / 1000.0;
+        pool.tick(140.0 * (0.91 + 0.18 * x));
+    }
+    assert_eq!(pool.replicas, settled);
+    assert_eq!(pool.scale_events(), before, "flapped under ±9% noise");
+}
+
+#[test]
 fn a_step_up_scales_within_one_interval() {
     let mut pool = Pool::new(spec(1, 20));
     for _ in 0..10 {
@@ -224,6 +241,32 @@ fn at_the_ceiling_new_tenants_pause_and_reopen_only_after_the_hold_time() {
 }
 
 #[test]
+fn no_pause_while_ceiling_replicas_are_still_starting() {
+    let mut pool = Pool::new(spec(1, 3));
+    pool.replicas = 3;
+    // Three replicas requested, two ready: over the SLO, but capacity is on its way.
+    for _ in 0..20 {
+        pool.now += TICK;
+        let obs = Observation {
+            now: pool.now,
+            current_replicas: 3,
+            ready_replicas: 2,
+            metrics: pool.metrics(300.0),
+        };
+        let p = super::plan(&pool.spec, Some(&pool.tiers), &obs, &mut pool.state);
+        assert_eq!(p.admission.state, AdmissionState::Open);
+    }
+    // Once all three are ready and it is still over, the pause comes after pauseAfter.
+    for _ in 0..10 {
+        pool.tick(300.0);
+    }
+    assert_eq!(
+        pool.plans.last().expect("plan").admission.state,
+        AdmissionState::PausedNewTenants
+    );
+}
+
+#[test]
 fn load_between_thresholds_keeps_the_pause() {
     let mut pool = Pool::new(spec(1, 3));
     for _ in 0..10 {
@@ -274,6 +317,35 @@ fn a_prometheus_outage_causes_no_scale_down_and_no_pause() {
         .find(|c| c.type_ == "MetricsAvailable")
         .expect("condition");
     assert_eq!(m.status, "True");
+}
+
+#[test]
+fn after_an_outage_scale_down_waits_a_full_stabilization_window() {
+    let mut pool = Pool::new(spec(1, 20));
+    for _ in 0..20 {
+        pool.tick(200.0);
+    }
+    let high = pool.replicas;
+    // Load drops while Prometheus is down for 10 minutes.
+    pool.prometheus_up = false;
+    for _ in 0..40 {
+        pool.tick(20.0);
+    }
+    pool.prometheus_up = true;
+    // The first fresh samples must not scale down at once: the 5-minute window restarts.
+    for i in 0..19 {
+        let p = pool.tick(20.0);
+        assert_eq!(
+            p.replicas,
+            high,
+            "scaled down {} ticks after the outage",
+            i + 1
+        );
+    }
+    for _ in 0..30 {
+        pool.tick(20.0);
+    }
+    assert!(pool.replicas < high);
 }
 
 #[test]

@@ -1,0 +1,137 @@
+//! The simulator on the planning module's own scenarios (steady load, a step up, the
+//! ceiling with pause and reopen, a Prometheus outage), and a small, fast run of every trace.
+//! Small scales keep these to seconds in a debug build.
+
+use super::*;
+
+fn run_one(kind: TraceKind, policy: PolicyKind, cfg: &SimConfig) -> RunOutput {
+    let trace = Trace::new(kind, cfg.scale, cfg.seed);
+    run(&trace, policy, cfg).expect("run")
+}
+
+fn changes(timeline: &[TimePoint], from_s: f64) -> usize {
+    timeline
+        .windows(2)
+        .filter(|w| w[0].t_s >= from_s && w[1].current != w[0].current)
+        .count()
+}
+
+#[test]
+fn steady_load_does_not_flap() {
+    // ~60 replicas: the gauges' noise (Poisson arrivals, heavy-tailed outputs) is ~5%.
+    let cfg = SimConfig::new(3, 0.2);
+    let out = run_one(TraceKind::Steady, PolicyKind::Tidegate, &cfg);
+    // After the warm pool settles (20 minutes), at most one excursion in 100 minutes.
+    let n = changes(&out.timeline, 1200.0);
+    assert!(n <= 2, "{n} replica changes under steady load");
+    let r = &out.result;
+    assert!(r.attainment_existing.expect("served") >= 0.99, "{r:?}");
+    assert_eq!(r.refused.new_tenant_pause, 0);
+}
+
+#[test]
+fn a_step_up_is_acted_on_within_one_scrape_and_one_interval() {
+    let cfg = SimConfig::new(4, 0.05);
+    let out = run_one(TraceKind::Step, PolicyKind::Tidegate, &cfg);
+    let react = out.result.react_s.expect("reacted to the step");
+    // The step is seen at the next scrape and acted on at the next control tick.
+    let bound = cfg.scrape_interval_s + cfg.control_interval_s;
+    assert!(react <= bound, "reacted after {react}s (bound {bound}s)");
+}
+
+#[test]
+fn at_the_ceiling_new_tenants_pause_and_reopen_after_the_hold_time() {
+    let cfg = SimConfig::new(5, 0.04);
+    let out = run_one(TraceKind::Ceiling, PolicyKind::Tidegate, &cfg);
+    let r = &out.result;
+    assert!(r.refused.new_tenant_pause > 0, "never paused: {r:?}");
+    assert_eq!(r.refused.pause_of_protected, 0, "paused a protected tenant");
+    // Enterprise (index 0) is never paused; free is paused first.
+    assert!(out.timeline.iter().all(|p| !p.paused[0]));
+    let first_pause = out
+        .timeline
+        .iter()
+        .find(|p| p.paused.iter().any(|&x| x))
+        .expect("paused");
+    assert!(first_pause.paused[2], "free must be paused first");
+    // Load falls at 5400 s; the pause lifts only after holdTime (5 min) under the threshold.
+    let reopened = out
+        .timeline
+        .iter()
+        .find(|p| p.t_s > 5400.0 && p.paused.iter().all(|&x| !x))
+        .expect("reopened");
+    assert!(
+        reopened.t_s - 5400.0 >= 300.0,
+        "reopened {}s after the drop",
+        reopened.t_s - 5400.0
+    );
+    // The same overload without the pause hurts existing tenants more.
+    let hpa = run_one(TraceKind::Ceiling, PolicyKind::HpaGpu, &cfg).result;
+    assert_eq!(hpa.refused.new_tenant_pause, 0);
+    assert!(
+        r.attainment_existing >= hpa.attainment_existing,
+        "tidegate {:?} vs hpa {:?}",
+        r.attainment_existing,
+        hpa.attainment_existing
+    );
+}
+
+#[test]
+fn a_prometheus_outage_never_scales_down_or_starts_a_pause() {
+    let mut cfg = SimConfig::new(6, 0.04);
+    // Load drops at 5400 s, during the outage.
+    cfg.outage_s = Some((5000.0, 8000.0));
+    let out = run_one(TraceKind::Ceiling, PolicyKind::Tidegate, &cfg);
+    let during: Vec<&TimePoint> = out
+        .timeline
+        .iter()
+        .filter(|p| (5000.0..8000.0).contains(&p.t_s))
+        .collect();
+    assert!(during.len() > 100);
+    for w in during.windows(2) {
+        assert!(
+            w[1].current >= w[0].current,
+            "scaled down during the outage"
+        );
+        let added = w[1].paused.iter().zip(&w[0].paused).any(|(a, b)| *a && !*b);
+        assert!(!added, "paused a tier during the outage");
+    }
+    // When metrics return, the scale-down window restarts (5 minutes), then it scales down.
+    let high = during[during.len() - 1].current;
+    let after = |a: f64, b: f64| out.timeline.iter().filter(move |p| (a..b).contains(&p.t_s));
+    assert!(after(8000.0, 8285.0).all(|p| p.current >= high));
+    assert!(after(8285.0, 10_800.0).any(|p| p.current < high));
+}
+
+#[test]
+fn every_trace_runs_small_and_fast_with_consistent_accounting() {
+    let cfg = SimConfig::new(7, 0.004);
+    for kind in [TraceKind::Tidal, TraceKind::Flash, TraceKind::Ramp] {
+        let outs = run_trace(kind, &cfg, 2).expect("runs");
+        assert_eq!(outs.len(), PolicyKind::ALL.len());
+        for o in &outs {
+            let r = &o.result;
+            assert!(r.requests > 1000, "{r:?}");
+            assert!(r.gpu_hours > 0.0);
+            assert_eq!(r.refused.pause_of_protected, 0, "{r:?}");
+            if r.policy != "tidegate" {
+                assert_eq!(r.refused.new_tenant_pause, 0);
+            }
+            assert!(r.peak_replicas <= Trace::new(kind, cfg.scale, cfg.seed).max_replicas);
+        }
+        let table = table(
+            &outs.iter().map(|o| o.result.clone()).collect::<Vec<_>>(),
+            "hpa-gpu-util",
+        );
+        assert!(table.contains("tidegate") && table.contains("oracle"));
+    }
+}
+
+#[test]
+fn the_simulated_pool_spec_and_tiers_parse() {
+    let cfg = SimConfig::new(1, 1.0);
+    let spec = pool_spec(&Trace::new(TraceKind::Tidal, 1.0, 1), &cfg).expect("spec");
+    assert_eq!(spec.replicas.max, 1000);
+    let tiers = tier_policy().expect("tiers");
+    assert_eq!(tiers.tiers.len(), tenants::NTIERS);
+}
