@@ -131,7 +131,14 @@ impl<W: WorkloadRuntime, M: MetricsSource, E: EngineControl, R: RegistryStore> D
         let target = plan.replicas;
         if target >= current {
             if !mem.draining.is_empty() {
-                info!(pool = %pool, replicas = ?mem.draining.keys().collect::<Vec<_>>(), "scale-down cancelled; replicas keep serving");
+                let names: Vec<&String> = mem.draining.keys().collect();
+                let still_here = workload.endpoints.iter().any(|e| mem.draining.contains_key(&e.name));
+                if still_here {
+                    // A started drain cannot be undone: the engine leaves when it is done.
+                    info!(pool = %pool, replicas = ?names, "scale-down no longer wanted; draining replicas finish and leave");
+                } else {
+                    info!(pool = %pool, removed = ?names, to = target, "drained; scaled down");
+                }
                 mem.draining.clear();
             }
             if target != current || workload.replicas.is_none() {
