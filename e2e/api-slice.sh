@@ -12,7 +12,7 @@ start_api_server "${TMPDIR:-/tmp}/tidegate-e2e-api.$$" || exit 1
 check "CRDs applied and Established" apply_crds
 
 NS=inference
-for f in examples/*.yaml; do
+for f in examples/*.yaml examples/local/*.yaml; do
     check "example accepted: $f" kubectl apply -f "$f"
 done
 

@@ -1,8 +1,11 @@
 //! tidegate operator: CRD generation, pure planning, controllers and adapters.
 
 pub mod crdgen;
+pub mod direct_metrics;
 pub mod driver;
+pub mod engine_client;
 pub mod k8s;
+pub mod local;
 pub mod plan;
 pub mod ports;
 pub mod registry;

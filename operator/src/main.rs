@@ -29,6 +29,9 @@ enum Command {
         #[arg(long)]
         check: bool,
     },
+    /// Run tidegate on this machine: engine processes, the real control loop, and a tidal
+    /// load that shows the pool scale up, pause new tenants at its ceiling, and recover.
+    Local(tidegate_operator::local::LocalArgs),
     /// Run the operator against an API server (in a cluster or from a kubeconfig).
     Run(tidegate_operator::k8s::run::RunArgs),
 }
@@ -41,8 +44,22 @@ fn main() -> anyhow::Result<()> {
             stdout,
             check,
         } => crds(&root, stdout, check),
+        Command::Local(args) => {
+            init_logs();
+            tokio::runtime::Runtime::new()?.block_on(tidegate_operator::local::run(args))
+        }
         Command::Run(args) => tidegate_operator::k8s::run::main(args),
     }
+}
+
+/// Logs to stderr; RUST_LOG picks the level (warn by default, so local mode's table stays readable).
+fn init_logs() {
+    let filter = tracing_subscriber::EnvFilter::try_from_default_env()
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("warn"));
+    tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr)
+        .init();
 }
 
 fn crds(root: &std::path::Path, stdout: bool, check: bool) -> anyhow::Result<()> {

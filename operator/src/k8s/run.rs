@@ -1,10 +1,13 @@
 //! `tidegate-operator run`: the operator against an API server (in a cluster or from a
 //! kubeconfig).
 //!
-//! `main` wires the Kubernetes adapters; [`run_with`] runs the controller over any
-//! WorkloadRuntime + MetricsSource + EngineControl + RegistryStore, so other workloads
-//! (local engine processes against a plain API server) reuse everything else: metrics
-//! endpoint, leader election, status, events.
+//! `main` wires the adapters: `--workload kubernetes` (Deployment/Service/PDB, ConfigMap
+//! registry, Events) or `--workload local` (engine processes on this machine, file registry,
+//! an API server that only serves the custom resources). Either way a pool's metrics come
+//! from Prometheus or from its engines directly, per `spec.scaling.metrics.source`.
+//! [`run_with`] runs the controller over any WorkloadRuntime + MetricsSource +
+//! EngineControl + RegistryStore and brings the rest: metrics endpoint, leader election,
+//! status, events.
 
 use std::net::SocketAddr;
 use std::path::PathBuf;
@@ -12,7 +15,6 @@ use std::sync::Arc;
 
 use anyhow::Context as _;
 use kube::Client;
-use tidegate_api::engine_admin::{AdmittedTenants, DrainStatus, EnginePolicy};
 use tracing::{error, info};
 
 use super::controller::Context;
@@ -20,14 +22,18 @@ use super::events::EventSink;
 use super::leader::LeaderElector;
 use super::manager::{ControllerOptions, run_controller};
 use super::metrics::{self, OperatorMetrics};
+use super::objects::random_token;
 use super::owners::OwnerBook;
 use super::prometheus::PrometheusMetrics;
 use super::registry_store::ConfigMapRegistry;
 use super::runtime::K8sRuntime;
+use super::source_switch::SourceSwitch;
+use crate::direct_metrics::DirectMetrics;
 use crate::driver::Driver;
-use crate::ports::{
-    ControlError, Endpoint, EngineControl, MetricsSource, RegistryStore, WorkloadRuntime,
-};
+use crate::engine_client::HttpEngineControl;
+use crate::local::files::FileRegistry;
+use crate::local::runtime::{LocalRuntime, LocalRuntimeConfig};
+use crate::ports::{EngineControl, MetricsSource, RegistryStore, WorkloadRuntime};
 
 /// Log line format.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
@@ -73,6 +79,15 @@ pub struct RunArgs {
     /// Where engine replicas run.
     #[arg(long, env = "TIDEGATE_WORKLOAD", value_enum, default_value_t = Workload::Kubernetes)]
     pub workload: Workload,
+    /// --workload local: the tidegate-engine binary (default: next to this binary).
+    #[arg(long, env = "TIDEGATE_ENGINE_BIN")]
+    pub engine_bin: Option<PathBuf>,
+    /// --workload local: folder for engine logs and tenant registries.
+    #[arg(long, default_value = ".tidegate-local")]
+    pub local_state_dir: PathBuf,
+    /// --workload local: write the engines' /metrics targets here (Prometheus file_sd).
+    #[arg(long)]
+    pub file_sd: Option<PathBuf>,
 }
 
 /// What the API server offers besides the custom resources.
@@ -140,22 +155,55 @@ pub fn main(args: RunArgs) -> anyhow::Result<()> {
 
 async fn run(args: RunArgs) -> anyhow::Result<()> {
     let client = client(&args).await?;
+    let metrics = SourceSwitch {
+        prometheus: PrometheusMetrics::new(args.prometheus_url.clone()),
+        direct: DirectMetrics::new(),
+    };
     match args.workload {
         Workload::Kubernetes => {
             let owners = OwnerBook::new();
             let driver = Driver::new(
                 K8sRuntime::new(client.clone(), owners.clone()),
-                PrometheusMetrics::new(args.prometheus_url.clone()),
-                engine_control(),
+                metrics,
+                HttpEngineControl::new(),
                 ConfigMapRegistry::new(client.clone(), owners.clone()),
             );
             run_with(&args, client, driver, owners, Capabilities::CLUSTER).await
         }
-        // Extension point: build Driver::new(<local runtime>, <metrics>, <engine control>,
-        // <file registry>) here and call run_with(.., OwnerBook::new(), Capabilities::CRDS_ONLY).
-        Workload::Local => anyhow::bail!(
-            "--workload local: the local process runtime is not built into this binary yet"
-        ),
+        Workload::Local => {
+            let engine_bin = match &args.engine_bin {
+                Some(b) => b.clone(),
+                None => std::env::current_exe()?.with_file_name("tidegate-engine"),
+            };
+            anyhow::ensure!(
+                engine_bin.exists(),
+                "engine binary {} not found (pass --engine-bin)",
+                engine_bin.display()
+            );
+            std::fs::create_dir_all(&args.local_state_dir)?;
+            let runtime = LocalRuntime::new(LocalRuntimeConfig {
+                engine_bin,
+                base_dir: std::env::current_dir()?,
+                log_dir: args.local_state_dir.join("logs"),
+                admin_token: random_token().context("making an admin token")?,
+                extra_args: Vec::new(),
+                file_sd_path: args.file_sd.clone(),
+            });
+            let driver = Driver::new(
+                runtime,
+                metrics,
+                HttpEngineControl::new(),
+                FileRegistry::new(args.local_state_dir.join("registry")),
+            );
+            run_with(
+                &args,
+                client,
+                driver,
+                OwnerBook::new(),
+                Capabilities::CRDS_ONLY,
+            )
+            .await
+        }
     }
 }
 
@@ -224,47 +272,5 @@ where
             Ok(Err(e)) => Err(e),
             _ => anyhow::bail!("metrics server stopped"),
         },
-    }
-}
-
-/// The engine admin client used by `run`.
-fn engine_control() -> UnwiredEngineControl {
-    UnwiredEngineControl
-}
-
-/// Placeholder until the HTTP engine admin client is wired into `engine_control()`: every
-/// call fails, which the driver logs and retries (no pushes, no drains beyond the grace
-/// period, no tenant collection).
-pub struct UnwiredEngineControl;
-
-fn unwired(ep: &Endpoint) -> ControlError {
-    ControlError {
-        endpoint: ep.admin_url.clone(),
-        message: "engine admin client not built into this binary".to_string(),
-    }
-}
-
-impl EngineControl for UnwiredEngineControl {
-    async fn push_policy(
-        &self,
-        ep: &Endpoint,
-        _: &str,
-        _: &EnginePolicy,
-    ) -> Result<(), ControlError> {
-        Err(unwired(ep))
-    }
-    async fn tenants_since(
-        &self,
-        ep: &Endpoint,
-        _: &str,
-        _: u64,
-    ) -> Result<AdmittedTenants, ControlError> {
-        Err(unwired(ep))
-    }
-    async fn drain(&self, ep: &Endpoint, _: &str, _: u64) -> Result<DrainStatus, ControlError> {
-        Err(unwired(ep))
-    }
-    async fn drain_status(&self, ep: &Endpoint, _: &str) -> Result<DrainStatus, ControlError> {
-        Err(unwired(ep))
     }
 }

@@ -1,0 +1,169 @@
+#!/usr/bin/env python3
+"""Load and probes for the e2e loop, against the engines of a local pool.
+
+Engines are found in the Prometheus file_sd targets file the operator's local runtime
+writes. Tenants are identified with the trusted-gateway headers. Standard library only.
+
+  load.py run --targets F --out stats.json --users 40 --base-users 8 --duration 120 --stop-file F
+  load.py probe --targets F --tenant T --tier free        # prints "STATUS TYPE RETRY_AFTER"
+  load.py stream --targets F --index I --tokens N          # prints "ok" after [DONE], else the error
+"""
+import argparse
+import http.client
+import json
+import os
+import sys
+import threading
+import time
+
+MODEL = os.environ.get("E2E_MODEL", "tiny-random")
+
+
+def targets(path):
+    try:
+        with open(path) as f:
+            groups = json.load(f)
+    except (OSError, ValueError):
+        return []
+    return [t for g in groups for t in g.get("targets", [])]
+
+
+def request(target, tenant, tier, max_tokens, stream=False, timeout=60):
+    host, port = target.rsplit(":", 1)
+    conn = http.client.HTTPConnection(host, int(port), timeout=timeout)
+    body = json.dumps({
+        "model": MODEL,
+        "prompt": f"{tenant} says hello",
+        "max_tokens": max_tokens,
+        "ignore_eos": True,
+        "temperature": 0,
+        "stream": stream,
+    })
+    conn.request("POST", "/v1/completions", body=body, headers={
+        "content-type": "application/json",
+        "x-tidegate-tenant": tenant,
+        "x-tidegate-tier": tier,
+    })
+    return conn, conn.getresponse()
+
+
+def tier_of(i):
+    return ["enterprise", "standard", "free", "free", "standard", "free"][i % 6]
+
+
+def run(args):
+    stats = {}
+    lock = threading.Lock()
+    start = time.time()
+
+    def count(key):
+        with lock:
+            stats[key] = stats.get(key, 0) + 1
+
+    def user(i):
+        existing = i < args.base_users
+        tenant = f"tenant-{i:03d}" if existing else f"newcomer-{i:03d}"
+        kind = "existing" if existing else "new"
+        n = 0
+        while time.time() - start < args.duration and not os.path.exists(args.stop_file):
+            # Existing tenants start at once; newcomers join over the ramp.
+            if not existing and time.time() - start < args.ramp_start + (i - args.base_users) * args.ramp_step:
+                time.sleep(0.2)
+                continue
+            ts = targets(args.targets)
+            if not ts:
+                time.sleep(0.5)
+                continue
+            n += 1
+            try:
+                conn, resp = request(ts[(i + n) % len(ts)], tenant, tier_of(i), args.tokens)
+                data = resp.read()
+                conn.close()
+                if resp.status == 200:
+                    count(f"served/{kind}")
+                    time.sleep(0.05)
+                else:
+                    try:
+                        typ = json.loads(data)["error"]["type"]
+                    except (ValueError, KeyError, TypeError):
+                        typ = "unknown"
+                    count(f"refused/{resp.status}/{typ}/{kind}")
+                    time.sleep(min(float(resp.getheader("retry-after") or 1), 2))
+            except (OSError, http.client.HTTPException) as e:
+                count(f"error/{type(e).__name__}/{kind}")
+                time.sleep(0.5)
+
+    threads = [threading.Thread(target=user, args=(i,), daemon=True) for i in range(args.users)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    with open(args.out, "w") as f:
+        json.dump(stats, f, indent=1, sort_keys=True)
+
+
+def probe(args):
+    ts = targets(args.targets)
+    if not ts:
+        print("000 no-targets -")
+        return
+    conn, resp = request(ts[0], args.tenant, args.tier, 4)
+    data = resp.read()
+    typ = "-"
+    if resp.status != 200:
+        try:
+            typ = json.loads(data)["error"]["type"]
+        except (ValueError, KeyError, TypeError):
+            typ = "unknown"
+    print(resp.status, typ, resp.getheader("retry-after") or "-")
+
+
+def stream(args):
+    ts = targets(args.targets)
+    if len(ts) <= args.index:
+        print("no such target")
+        sys.exit(1)
+    try:
+        conn, resp = request(ts[args.index], args.tenant, "enterprise", args.tokens, stream=True, timeout=120)
+        if resp.status != 200:
+            print(f"HTTP {resp.status}")
+            sys.exit(1)
+        done = False
+        for line in resp:
+            if line.strip() == b"data: [DONE]":
+                done = True
+        print("ok" if done else "stream ended without [DONE]")
+        sys.exit(0 if done else 1)
+    except (OSError, http.client.HTTPException) as e:
+        print(f"error {type(e).__name__}: {e}")
+        sys.exit(1)
+
+
+def main():
+    p = argparse.ArgumentParser()
+    sub = p.add_subparsers(dest="cmd", required=True)
+    r = sub.add_parser("run")
+    r.add_argument("--targets", required=True)
+    r.add_argument("--out", required=True)
+    r.add_argument("--users", type=int, default=40)
+    r.add_argument("--base-users", type=int, default=8)
+    r.add_argument("--tokens", type=int, default=24)
+    r.add_argument("--duration", type=float, default=120)
+    r.add_argument("--ramp-start", type=float, default=8)
+    r.add_argument("--ramp-step", type=float, default=0.3)
+    r.add_argument("--stop-file", default="/nonexistent")
+    q = sub.add_parser("probe")
+    q.add_argument("--targets", required=True)
+    q.add_argument("--tenant", required=True)
+    q.add_argument("--tier", required=True)
+    s = sub.add_parser("stream")
+    s.add_argument("--targets", required=True)
+    s.add_argument("--index", type=int, default=0)
+    s.add_argument("--tokens", type=int, default=200)
+    s.add_argument("--tenant", default="tenant-000")
+    args = p.parse_args()
+    {"run": run, "probe": probe, "stream": stream}[args.cmd](args)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,791 @@
+//! The HTTP server over real sockets, in front of the fake backend: OpenAI shapes, SSE,
+//! tenants and admission, rate limits, admin auth, drain, cancellation, and a corpus of
+//! bad requests that must never produce a 5xx.
+
+// Test helpers outside #[test] functions: unwrap is the point here.
+#![allow(clippy::unwrap_used)]
+
+use std::time::Duration;
+
+use serde_json::{Value, json};
+use tidegate_api::engine_admin::{AdmissionPush, AdmissionState, ApiKeyEntry, EnginePolicy};
+use tidegate_engine::fake_engine::{FakeConfig, FakeEngine};
+use tidegate_engine::metrics::Metrics;
+use tidegate_engine::server::{self, AdminAuth, RunningServer, ServerConfig};
+use tidegate_engine::tenancy::sha256_hex;
+use tokio::net::TcpListener;
+
+const TOKEN: &str = "admin-secret";
+
+struct Harness {
+    base: String,
+    admin: String,
+    client: reqwest::Client,
+    server: Option<RunningServer>,
+}
+
+async fn start(fake: FakeConfig, config: ServerConfig) -> Harness {
+    let metrics = Metrics::new();
+    let engine = FakeEngine::start(fake, metrics.clone());
+    let api = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let admin = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let config = ServerConfig {
+        admin: AdminAuth::Token(TOKEN.into()),
+        ..config
+    };
+    let server = server::start(config, api, Some(admin), engine, metrics).unwrap();
+    Harness {
+        base: format!("http://{}", server.api_addr),
+        admin: format!("http://{}", server.admin_addr.unwrap()),
+        client: reqwest::Client::new(),
+        server: Some(server),
+    }
+}
+
+async fn default_harness() -> Harness {
+    start(FakeConfig::default(), ServerConfig::default()).await
+}
+
+impl Harness {
+    async fn post(&self, path: &str, body: Value, key: Option<&str>) -> reqwest::Response {
+        let mut req = self
+            .client
+            .post(format!("{}{path}", self.base))
+            .header("content-type", "application/json")
+            .body(body.to_string());
+        if let Some(k) = key {
+            req = req.header("authorization", format!("Bearer {k}"));
+        }
+        req.send().await.unwrap()
+    }
+
+    async fn push_policy(&self, policy: &EnginePolicy) {
+        let resp = self
+            .client
+            .put(format!("{}/admin/v1/policy", self.admin))
+            .header("authorization", format!("Bearer {TOKEN}"))
+            .body(serde_json::to_string(policy).unwrap())
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(resp.status(), 204, "{}", resp.text().await.unwrap());
+    }
+
+    async fn metrics(&self) -> String {
+        self.client
+            .get(format!("{}/metrics", self.base))
+            .send()
+            .await
+            .unwrap()
+            .text()
+            .await
+            .unwrap()
+    }
+}
+
+fn chat(content: &str) -> Value {
+    json!({"model": "fake", "messages": [{"role": "user", "content": content}]})
+}
+
+/// Reads a whole SSE body; returns the `data:` payloads.
+async fn sse_data(resp: reqwest::Response) -> Vec<String> {
+    let text = resp.text().await.unwrap();
+    text.split("\n\n")
+        .filter(|e| !e.trim().is_empty())
+        .map(|e| {
+            e.strip_prefix("data: ")
+                .unwrap_or_else(|| panic!("not a data event: {e:?}"))
+                .to_string()
+        })
+        .collect()
+}
+
+#[tokio::test]
+async fn chat_and_completions_non_streaming() {
+    let h = default_harness().await;
+    let resp = h
+        .post("/v1/chat/completions", chat("hello tide"), None)
+        .await;
+    assert_eq!(resp.status(), 200);
+    let v: Value = resp.json().await.unwrap();
+    assert_eq!(v["object"], "chat.completion");
+    assert_eq!(v["choices"][0]["message"]["content"], "hello tide");
+    assert_eq!(v["choices"][0]["finish_reason"], "stop");
+    assert_eq!(v["usage"]["completion_tokens"], 10);
+
+    let body = json!({"prompt": "abc", "max_tokens": 5, "ignore_eos": true});
+    let v: Value = h
+        .post("/v1/completions", body, None)
+        .await
+        .json()
+        .await
+        .unwrap();
+    assert_eq!(v["choices"][0]["text"], "abcab");
+    assert_eq!(v["choices"][0]["finish_reason"], "length");
+    assert_eq!(v["usage"]["total_tokens"], 8);
+
+    let body = json!({"prompt": "one two. three", "max_tokens": 50, "stop": ["."]});
+    let v: Value = h
+        .post("/v1/completions", body, None)
+        .await
+        .json()
+        .await
+        .unwrap();
+    assert_eq!(v["choices"][0]["text"], "one two");
+    assert_eq!(v["choices"][0]["finish_reason"], "stop");
+
+    let v: Value = h
+        .client
+        .get(format!("{}/v1/models", h.base))
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    assert_eq!(v["data"][0]["id"], "fake");
+    for path in ["/healthz", "/readyz"] {
+        let r = h
+            .client
+            .get(format!("{}{path}", h.base))
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(r.status(), 200, "{path}");
+    }
+}
+
+#[tokio::test]
+async fn sse_stream_format_ends_with_done() {
+    let h = default_harness().await;
+    let mut body = chat("stream me");
+    body["stream"] = json!(true);
+    body["stream_options"] = json!({"include_usage": true});
+    let resp = h.post("/v1/chat/completions", body, None).await;
+    assert_eq!(resp.status(), 200);
+    assert!(
+        resp.headers()["content-type"]
+            .to_str()
+            .unwrap()
+            .starts_with("text/event-stream")
+    );
+    let data = sse_data(resp).await;
+    assert_eq!(data.last().unwrap(), "[DONE]");
+    let chunks: Vec<Value> = data[..data.len() - 1]
+        .iter()
+        .map(|d| serde_json::from_str(d).unwrap())
+        .collect();
+    assert_eq!(chunks[0]["choices"][0]["delta"]["role"], "assistant");
+    let text: String = chunks
+        .iter()
+        .filter_map(|c| c["choices"][0]["delta"]["content"].as_str())
+        .collect();
+    assert_eq!(text, "stream me");
+    let finish = &chunks[chunks.len() - 2];
+    assert_eq!(finish["choices"][0]["finish_reason"], "stop");
+    let usage = chunks.last().unwrap();
+    assert_eq!(usage["choices"].as_array().unwrap().len(), 0);
+    assert_eq!(usage["usage"]["completion_tokens"], 9);
+
+    // Completions stream without usage.
+    let body = json!({"prompt": "xy", "stream": true, "max_tokens": 3, "ignore_eos": true});
+    let data = sse_data(h.post("/v1/completions", body, None).await).await;
+    assert_eq!(data.last().unwrap(), "[DONE]");
+    let text: String = data[..data.len() - 1]
+        .iter()
+        .map(|d| serde_json::from_str::<Value>(d).unwrap())
+        .filter_map(|c| c["choices"][0]["text"].as_str().map(String::from))
+        .collect();
+    assert_eq!(text, "xyx");
+
+    let metrics = h.metrics().await;
+    for name in [
+        "tidegate_engine_decode_tokens_total",
+        "tidegate_engine_time_to_first_token_seconds_count{tier=\"default\"}",
+        "tidegate_engine_requests_total{tier=\"default\",outcome=\"completed\"} 2",
+    ] {
+        assert!(metrics.contains(name), "missing {name}:\n{metrics}");
+    }
+}
+
+fn tiered_policy(paused: bool) -> EnginePolicy {
+    let spec = json!({
+        "tiers": [
+            {"name": "enterprise", "priority": 100, "admission": {"pausable": false}},
+            {"name": "free", "priority": 1,
+             "rateLimits": {"requestsPerMinute": 2}}
+        ],
+        "defaultTier": "free"
+    });
+    let key = |k: &str, tenant: &str, tier: &str| ApiKeyEntry {
+        key_sha256: sha256_hex(k.as_bytes()),
+        tenant: tenant.into(),
+        tier: tier.into(),
+    };
+    EnginePolicy {
+        tier_policy: Some(serde_json::from_value(spec).unwrap()),
+        api_keys: vec![
+            key("sk-new-free", "newco", "free"),
+            key("sk-old-free", "oldco", "free"),
+            key("sk-new-ent", "bigco", "enterprise"),
+        ],
+        admission: AdmissionPush {
+            state: if paused {
+                AdmissionState::PausedNewTenants
+            } else {
+                AdmissionState::Open
+            },
+            paused_tiers: vec!["free".into(), "enterprise".into()],
+            retry_after_seconds: 42,
+            reason: "pool at its replica ceiling".into(),
+        },
+        admitted_tenants: vec!["oldco".into()],
+    }
+}
+
+#[tokio::test]
+async fn paused_admission_refuses_only_new_tenants_of_pausable_tiers() {
+    let h = default_harness().await;
+    h.push_policy(&tiered_policy(true)).await;
+
+    let resp = h
+        .post("/v1/chat/completions", chat("hi"), Some("sk-new-free"))
+        .await;
+    assert_eq!(resp.status(), 503);
+    assert_eq!(resp.headers()["retry-after"], "42");
+    let v: Value = resp.json().await.unwrap();
+    assert_eq!(v["error"]["type"], "new_tenant_admission_paused");
+    assert_eq!(v["error"]["code"], "new_tenant_admission_paused");
+    assert!(
+        v["error"]["message"]
+            .as_str()
+            .unwrap()
+            .contains("replica ceiling")
+    );
+
+    let resp = h
+        .post("/v1/chat/completions", chat("hi"), Some("sk-old-free"))
+        .await;
+    assert_eq!(resp.status(), 200, "existing tenant is served");
+    let resp = h
+        .post("/v1/chat/completions", chat("hi"), Some("sk-new-ent"))
+        .await;
+    assert_eq!(resp.status(), 200, "non-pausable tier is served");
+    let resp = h
+        .post("/v1/chat/completions", chat("hi"), Some("sk-unknown"))
+        .await;
+    assert_eq!(resp.status(), 401, "unknown key");
+
+    let metrics = h.metrics().await;
+    assert!(
+        metrics.contains("tidegate_engine_admission_paused{tier=\"free\"} 1"),
+        "{metrics}"
+    );
+    assert!(metrics.contains("tidegate_engine_admission_paused{tier=\"enterprise\"} 0"));
+    assert!(metrics.contains("tidegate_engine_rejections_total{reason=\"new_tenant_paused\"} 1"));
+    assert!(
+        !metrics.contains("newco") && !metrics.contains("oldco"),
+        "no tenant labels"
+    );
+
+    let v: Value = h
+        .client
+        .get(format!("{}/admin/v1/tenants?since=0", h.admin))
+        .header("authorization", format!("Bearer {TOKEN}"))
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    let tenants: Vec<&str> = v["tenants"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|t| t["tenant"].as_str().unwrap())
+        .collect();
+    assert_eq!(tenants.len(), 2);
+    assert!(tenants.contains(&"oldco") && tenants.contains(&"bigco"));
+    let now = v["nowMs"].as_u64().unwrap();
+    let v: Value = h
+        .client
+        .get(format!("{}/admin/v1/tenants?since={}", h.admin, now + 1))
+        .header("authorization", format!("Bearer {TOKEN}"))
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    assert_eq!(v["tenants"].as_array().unwrap().len(), 0);
+
+    // Resume: the new tenant is served.
+    h.push_policy(&tiered_policy(false)).await;
+    let resp = h
+        .post("/v1/chat/completions", chat("hi"), Some("sk-new-free"))
+        .await;
+    assert_eq!(resp.status(), 200);
+}
+
+#[tokio::test]
+async fn rate_limit_gives_429_with_retry_after() {
+    let h = default_harness().await;
+    h.push_policy(&tiered_policy(false)).await;
+    for _ in 0..2 {
+        let resp = h
+            .post("/v1/chat/completions", chat("hi"), Some("sk-new-free"))
+            .await;
+        assert_eq!(resp.status(), 200);
+    }
+    let resp = h
+        .post("/v1/chat/completions", chat("hi"), Some("sk-new-free"))
+        .await;
+    assert_eq!(resp.status(), 429);
+    let after: u64 = resp.headers()["retry-after"]
+        .to_str()
+        .unwrap()
+        .parse()
+        .unwrap();
+    assert!((1..=30).contains(&after), "{after}");
+    let v: Value = resp.json().await.unwrap();
+    assert_eq!(v["error"]["code"], "rate_limit_exceeded");
+    // Another tenant of the same tier has its own bucket.
+    let resp = h
+        .post("/v1/chat/completions", chat("hi"), Some("sk-old-free"))
+        .await;
+    assert_eq!(resp.status(), 200);
+}
+
+#[tokio::test]
+async fn queue_full_gives_429_with_retry_after() {
+    let fake = FakeConfig {
+        max_running: 1,
+        max_waiting: 1,
+        token_delay: Duration::from_millis(10),
+        ..FakeConfig::default()
+    };
+    let h = start(fake, ServerConfig::default()).await;
+    let long = json!({"prompt": "a", "max_tokens": 300, "ignore_eos": true});
+    let mut inflight = Vec::new();
+    for _ in 0..2 {
+        let c = h.client.clone();
+        let url = format!("{}/v1/completions", h.base);
+        let body = long.to_string();
+        inflight.push(tokio::spawn(async move {
+            c.post(url).body(body).send().await.unwrap().status()
+        }));
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let resp = h.post("/v1/completions", long.clone(), None).await;
+    assert_eq!(resp.status(), 429);
+    assert!(resp.headers().contains_key("retry-after"));
+    let v: Value = resp.json().await.unwrap();
+    assert_eq!(v["error"]["code"], "queue_full");
+    for t in inflight {
+        let status = t.await.unwrap();
+        // The queued one may time out against the default 2 s target: 503, never 5xx-other.
+        assert!(status == 200 || status == 503, "{status}");
+    }
+}
+
+#[tokio::test]
+async fn admin_requires_the_token() {
+    let h = default_harness().await;
+    for auth in [
+        None,
+        Some("Bearer wrong"),
+        Some("admin-secret"),
+        Some("Basic x"),
+    ] {
+        let mut req = h.client.get(format!("{}/admin/v1/drain", h.admin));
+        if let Some(a) = auth {
+            req = req.header("authorization", a);
+        }
+        let resp = req.send().await.unwrap();
+        assert_eq!(resp.status(), 401, "{auth:?}");
+        let v: Value = resp.json().await.unwrap();
+        assert_eq!(v["error"]["type"], "authentication_error");
+    }
+    let resp = h
+        .client
+        .put(format!("{}/admin/v1/policy", h.admin))
+        .body("{}")
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(resp.status(), 401);
+    let resp = h
+        .client
+        .get(format!("{}/admin/v1/drain", h.admin))
+        .header("authorization", format!("Bearer {TOKEN}"))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(resp.status(), 200);
+    let v: Value = resp.json().await.unwrap();
+    assert_eq!(v["state"], "Serving");
+
+    // A bad policy is refused whole.
+    let resp = h
+        .client
+        .put(format!("{}/admin/v1/policy", h.admin))
+        .header("authorization", format!("Bearer {TOKEN}"))
+        .body(r#"{"tierPolicy": {"tiers": [{"name": "a"}], "defaultTier": "b"}}"#)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(resp.status(), 400);
+
+    // No token, admin enabled: refused at start.
+    let api = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let admin = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let metrics = Metrics::new();
+    let engine = FakeEngine::start(FakeConfig::default(), metrics.clone());
+    let config = ServerConfig {
+        admin: AdminAuth::Token("  ".into()),
+        ..ServerConfig::default()
+    };
+    let err = server::start(config, api, Some(admin), engine, metrics)
+        .err()
+        .expect("must refuse");
+    assert!(err.to_string().contains("admin API needs a token"), "{err}");
+}
+
+#[tokio::test]
+async fn drain_finishes_in_flight_refuses_new_and_stops() {
+    let fake = FakeConfig {
+        token_delay: Duration::from_millis(10),
+        ..FakeConfig::default()
+    };
+    let mut h = start(fake, ServerConfig::default()).await;
+    let body = json!({"prompt": "drain", "max_tokens": 100, "ignore_eos": true, "stream": true});
+    let mut stream = h.post("/v1/completions", body, None).await;
+    assert_eq!(stream.status(), 200);
+    let first = stream.chunk().await.unwrap().unwrap();
+    assert!(first.starts_with(b"data: "));
+
+    let resp = h
+        .client
+        .post(format!("{}/admin/v1/drain", h.admin))
+        .header("authorization", format!("Bearer {TOKEN}"))
+        .body(r#"{"graceSeconds": 30}"#)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(resp.status(), 202);
+    let v: Value = resp.json().await.unwrap();
+    assert_eq!(v["state"], "Draining");
+    assert_eq!(v["inFlight"], 1);
+
+    let resp = h.post("/v1/chat/completions", chat("late"), None).await;
+    assert_eq!(resp.status(), 503);
+    assert!(resp.headers().contains_key("retry-after"));
+    let v: Value = resp.json().await.unwrap();
+    assert_eq!(v["error"]["code"], "draining");
+    let ready = h
+        .client
+        .get(format!("{}/readyz", h.base))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(ready.status(), 503);
+
+    let mut rest = String::from_utf8(first.to_vec()).unwrap();
+    while let Some(chunk) = stream.chunk().await.unwrap() {
+        rest.push_str(std::str::from_utf8(&chunk).unwrap());
+    }
+    assert!(rest.trim_end().ends_with("data: [DONE]"), "{rest}");
+    let text: String = rest
+        .split("\n\n")
+        .filter_map(|e| e.strip_prefix("data: "))
+        .filter(|d| *d != "[DONE]")
+        .filter_map(|d| serde_json::from_str::<Value>(d).ok())
+        .filter_map(|c| c["choices"][0]["text"].as_str().map(String::from))
+        .collect();
+    assert_eq!(text.chars().count(), 100, "the in-flight stream completed");
+
+    let server = h.server.take().unwrap();
+    tokio::time::timeout(Duration::from_secs(10), server.wait())
+        .await
+        .expect("server stops after draining")
+        .expect("clean stop");
+}
+
+#[tokio::test]
+async fn vanished_client_frees_engine_resources() {
+    let fake = FakeConfig {
+        token_delay: Duration::from_millis(5),
+        ..FakeConfig::default()
+    };
+    let h = start(fake, ServerConfig::default()).await;
+    let body = json!({"prompt": "gone", "max_tokens": 2000, "ignore_eos": true, "stream": true});
+    let mut stream = h.post("/v1/completions", body, None).await;
+    stream.chunk().await.unwrap().unwrap();
+    let m = h.metrics().await;
+    assert!(m.contains("tidegate_engine_requests_running 1"), "{m}");
+    drop(stream);
+    let mut freed = false;
+    for _ in 0..100 {
+        tokio::time::sleep(Duration::from_millis(20)).await;
+        let m = h.metrics().await;
+        if m.contains("tidegate_engine_requests_running 0")
+            && m.contains("tidegate_engine_kv_blocks_used 0")
+        {
+            freed = true;
+            assert!(m.contains("outcome=\"cancelled\"} 1"), "{m}");
+            break;
+        }
+    }
+    assert!(freed, "the engine freed the request");
+}
+
+#[tokio::test]
+async fn bad_request_corpus_never_5xx() {
+    let config = ServerConfig {
+        max_body_bytes: 64 * 1024,
+        ..ServerConfig::default()
+    };
+    let fake = FakeConfig {
+        context_length: 256,
+        ..FakeConfig::default()
+    };
+    let h = start(fake, config).await;
+    let chat_path = "/v1/chat/completions";
+    let cmpl_path = "/v1/completions";
+    let big = "x".repeat(100 * 1024);
+    let corpus: Vec<(&str, Vec<u8>, u16)> = vec![
+        (cmpl_path, b"".to_vec(), 400),
+        (cmpl_path, b"{".to_vec(), 400),
+        (cmpl_path, b"null".to_vec(), 400),
+        (cmpl_path, b"[]".to_vec(), 400),
+        (cmpl_path, b"\"prompt\"".to_vec(), 400),
+        (cmpl_path, b"{\"prompt\": \"\xff\xfe\"}".to_vec(), 400),
+        (cmpl_path, b"\xff\xfe\xfd".to_vec(), 400),
+        (cmpl_path, br#"{"prompt": 5}"#.to_vec(), 400),
+        (cmpl_path, br#"{"max_tokens": 5}"#.to_vec(), 400),
+        (cmpl_path, br#"{"prompt": "a", "max_tokens": 0}"#.to_vec(), 400),
+        (cmpl_path, br#"{"prompt": "a", "max_tokens": -3}"#.to_vec(), 400),
+        (cmpl_path, br#"{"prompt": "a", "max_tokens": "ten"}"#.to_vec(), 400),
+        (cmpl_path, br#"{"prompt": "a", "max_tokens": 1.5}"#.to_vec(), 400),
+        (cmpl_path, br#"{"prompt": "a", "max_tokens": 1000}"#.to_vec(), 400),
+        (cmpl_path, br#"{"prompt": "a", "temperature": 5}"#.to_vec(), 400),
+        (cmpl_path, br#"{"prompt": "a", "temperature": "hot"}"#.to_vec(), 400),
+        (cmpl_path, br#"{"prompt": "a", "top_p": 0}"#.to_vec(), 400),
+        (cmpl_path, br#"{"prompt": "a", "n": 2}"#.to_vec(), 400),
+        (cmpl_path, br#"{"prompt": "a", "stream": "yes"}"#.to_vec(), 400),
+        (cmpl_path, br#"{"prompt": "a", "stop": ["1","2","3","4","5"]}"#.to_vec(), 400),
+        (cmpl_path, br#"{"prompt": "a", "stop": [""]}"#.to_vec(), 400),
+        (cmpl_path, br#"{"prompt": "a", "seed": "x"}"#.to_vec(), 400),
+        (cmpl_path, br#"{"prompt": ""}"#.to_vec(), 400),
+        (cmpl_path, br#"{"prompt": []}"#.to_vec(), 400),
+        (cmpl_path, br#"{"prompt": ["a", "b"]}"#.to_vec(), 400),
+        (cmpl_path, br#"{"prompt": [[1], [2]]}"#.to_vec(), 400),
+        (cmpl_path, br#"{"prompt": [2000000]}"#.to_vec(), 400),
+        (cmpl_path, br#"{"prompt": [-1]}"#.to_vec(), 400),
+        (cmpl_path, br#"{"prompt": "a", "model": "gpt-9"}"#.to_vec(), 404),
+        (cmpl_path, br#"{"prompt": "a", "model": 7}"#.to_vec(), 400),
+        (cmpl_path, format!(r#"{{"prompt": "{}"}}"#, "y".repeat(300)).into_bytes(), 400),
+        (cmpl_path, format!(r#"{{"prompt": "{big}"}}"#).into_bytes(), 413),
+        (cmpl_path, "[".repeat(10_000).into_bytes(), 400),
+        (cmpl_path, br#"{"prompt": "a", "session_id": 12}"#.to_vec(), 400),
+        (chat_path, br#"{"messages": []}"#.to_vec(), 400),
+        (chat_path, br#"{"messages": "hi"}"#.to_vec(), 400),
+        (chat_path, br#"{"messages": [{"role": "robot", "content": "x"}]}"#.to_vec(), 400),
+        (chat_path, br#"{"messages": [{"content": "x"}]}"#.to_vec(), 400),
+        (chat_path, br#"{"messages": [{"role": "user", "content": 3}]}"#.to_vec(), 400),
+        (
+            chat_path,
+            br#"{"messages": [{"role": "user", "content": [{"type": "image_url", "image_url": {"url": "x"}}]}]}"#.to_vec(),
+            400,
+        ),
+        (chat_path, br#"{"messages": [{"role": "user", "content": "x"}], "max_completion_tokens": 0}"#.to_vec(), 400),
+        ("/v1/nope", b"{}".to_vec(), 404),
+    ];
+    for (path, body, want) in corpus {
+        let resp = h
+            .client
+            .post(format!("{}{path}", h.base))
+            .header("content-type", "application/json")
+            .body(body.clone())
+            .send()
+            .await
+            .unwrap();
+        let status = resp.status().as_u16();
+        let shown = String::from_utf8_lossy(&body[..body.len().min(80)]).to_string();
+        let v: Value = resp
+            .json()
+            .await
+            .unwrap_or_else(|e| panic!("{shown}: body is not JSON: {e}"));
+        assert!(v["error"]["message"].is_string(), "{shown}: {v}");
+        assert!(v["error"]["type"].is_string(), "{shown}: {v}");
+        assert_eq!(status, want, "{shown}: {v}");
+    }
+    // Wrong method, wrong header.
+    let resp = h
+        .client
+        .get(format!("{}{cmpl_path}", h.base))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(resp.status(), 405);
+    let resp = h
+        .client
+        .post(format!("{}{cmpl_path}", h.base))
+        .header("authorization", "Token abc")
+        .body(r#"{"prompt": "a"}"#)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(resp.status(), 401);
+    // The server still serves.
+    let resp = h.post(chat_path, chat("still here"), None).await;
+    assert_eq!(resp.status(), 200);
+}
+
+#[tokio::test]
+async fn queue_wait_over_tier_target_gives_503() {
+    let fake = FakeConfig {
+        max_running: 1,
+        max_waiting: 8,
+        token_delay: Duration::from_millis(10),
+        ..FakeConfig::default()
+    };
+    let h = start(fake, ServerConfig::default()).await;
+    let policy = EnginePolicy {
+        tier_policy: Some(
+            serde_json::from_value(json!({
+                "tiers": [{"name": "batch", "queueWaitTarget": "200ms"}],
+                "defaultTier": "batch"
+            }))
+            .unwrap(),
+        ),
+        ..EnginePolicy::default()
+    };
+    h.push_policy(&policy).await;
+    let long = json!({"prompt": "a", "max_tokens": 200, "ignore_eos": true, "stream": true});
+    let running = h.post("/v1/completions", long, None).await;
+    assert_eq!(running.status(), 200);
+    let started = std::time::Instant::now();
+    let resp = h.post("/v1/chat/completions", chat("wait"), None).await;
+    assert_eq!(resp.status(), 503);
+    assert!(resp.headers().contains_key("retry-after"));
+    assert!(
+        started.elapsed() < Duration::from_secs(2),
+        "refused near the target"
+    );
+    let v: Value = resp.json().await.unwrap();
+    assert_eq!(v["error"]["code"], "queue_timeout");
+    drop(running);
+    let m = h.metrics().await;
+    assert!(
+        m.contains("tidegate_engine_rejections_total{reason=\"queue_timeout\"} 1"),
+        "{m}"
+    );
+}
+
+#[tokio::test]
+async fn session_header_reuses_retained_kv() {
+    let h = default_harness().await;
+    let mut usage = Vec::new();
+    for _ in 0..2 {
+        let resp = h
+            .client
+            .post(format!("{}/v1/chat/completions", h.base))
+            .header("x-session-id", "conv-1")
+            .body(chat("remember me").to_string())
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(resp.status(), 200);
+        let v: Value = resp.json().await.unwrap();
+        usage.push(
+            v["usage"]["prompt_tokens_details"]["cached_tokens"]
+                .as_u64()
+                .unwrap(),
+        );
+    }
+    assert_eq!(usage[0], 0);
+    assert!(usage[1] > 0, "{usage:?}");
+    // The same through the request field.
+    let mut body = json!({"prompt": "field session", "max_tokens": 4, "session_id": "conv-2"});
+    h.post("/v1/completions", body.clone(), None).await;
+    body["max_tokens"] = json!(5);
+    let v: Value = h
+        .post("/v1/completions", body, None)
+        .await
+        .json()
+        .await
+        .unwrap();
+    assert!(
+        v["usage"]["prompt_tokens_details"]["cached_tokens"]
+            .as_u64()
+            .unwrap()
+            > 0
+    );
+}
+
+#[tokio::test]
+async fn not_ready_while_loading() {
+    let fake = FakeConfig {
+        load_delay: Duration::from_millis(500),
+        ..FakeConfig::default()
+    };
+    let h = start(fake, ServerConfig::default()).await;
+    let ready = h
+        .client
+        .get(format!("{}/readyz", h.base))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(ready.status(), 503);
+    let health = h
+        .client
+        .get(format!("{}/healthz", h.base))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(health.status(), 200);
+    let resp = h.post("/v1/chat/completions", chat("early"), None).await;
+    assert_eq!(resp.status(), 503);
+    assert!(resp.headers().contains_key("retry-after"));
+    tokio::time::sleep(Duration::from_millis(600)).await;
+    let ready = h
+        .client
+        .get(format!("{}/readyz", h.base))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(ready.status(), 200);
+}
+
+#[tokio::test]
+async fn stalled_upload_gets_408() {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let config = ServerConfig {
+        body_read_timeout: Duration::from_millis(300),
+        ..ServerConfig::default()
+    };
+    let h = start(FakeConfig::default(), config).await;
+    let addr = h.base.trim_start_matches("http://").to_string();
+    let mut conn = tokio::net::TcpStream::connect(addr).await.unwrap();
+    conn.write_all(
+        b"POST /v1/completions HTTP/1.1\r\nhost: x\r\ncontent-type: application/json\r\ncontent-length: 100\r\n\r\n{\"prompt\":",
+    )
+    .await
+    .unwrap();
+    let mut response = Vec::new();
+    let read = tokio::time::timeout(Duration::from_secs(5), async {
+        let mut buf = [0u8; 4096];
+        loop {
+            let n = conn.read(&mut buf).await.unwrap();
+            response.extend_from_slice(&buf[..n]);
+            if n == 0 || response.windows(4).any(|w| w == b"\r\n\r\n") {
+                break;
+            }
+        }
+    })
+    .await;
+    assert!(read.is_ok(), "answered");
+    let text = String::from_utf8_lossy(&response);
+    assert!(text.starts_with("HTTP/1.1 408"), "{text}");
+}

@@ -1,0 +1,304 @@
+//! Metrics straight from engines' /metrics (local mode's default metrics source).
+//!
+//! Each read scrapes every endpoint, parses the Prometheus text format, and turns counters
+//! and histogram buckets into rates over the interval since the previous scrape of the same
+//! engine (its own rate window). Invariants: a counter reset (engine restart) yields no rate
+//! for that engine on that scrape rather than a negative one; an engine that does not answer
+//! is left out, and when none answers the result is `Unreachable` (fail static upstream).
+
+use std::collections::HashMap;
+use std::sync::Mutex;
+use std::time::Duration;
+
+use tidegate_api::InferencePoolSpec;
+
+use crate::plan::{MetricsProblem, PoolMetrics};
+use crate::ports::{Endpoint, MetricsSource, PoolRef};
+
+/// The figures of one scrape of one engine that rates are computed from.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct EngineSample {
+    pub at_ms: u64,
+    pub decode_tokens: f64,
+    pub running: f64,
+    pub waiting: f64,
+    pub kv_used: f64,
+    pub kv_total: f64,
+    pub evictions: f64,
+    pub overload_refusals: f64,
+    /// Cumulative queue-wait histogram: (upper bound seconds, count), all tiers summed.
+    pub queue_wait_buckets: Vec<(f64, f64)>,
+}
+
+/// Parses the Prometheus text exposition of an engine.
+pub fn parse_engine_metrics(text: &str, at_ms: u64) -> EngineSample {
+    let mut s = EngineSample {
+        at_ms,
+        ..EngineSample::default()
+    };
+    let mut buckets: HashMap<String, f64> = HashMap::new();
+    for line in text.lines() {
+        let line = line.trim();
+        if line.is_empty() || line.starts_with('#') {
+            continue;
+        }
+        let Some((series, value)) = split_sample(line) else {
+            continue;
+        };
+        let (name, labels) = match series.find('{') {
+            Some(i) => (&series[..i], &series[i..]),
+            None => (series, ""),
+        };
+        match name {
+            "tidegate_engine_decode_tokens_total" => s.decode_tokens += value,
+            "tidegate_engine_requests_running" => s.running += value,
+            "tidegate_engine_requests_waiting" => s.waiting += value,
+            "tidegate_engine_kv_blocks_used" => s.kv_used += value,
+            "tidegate_engine_kv_blocks_total" => s.kv_total += value,
+            "tidegate_engine_evictions_total" => s.evictions += value,
+            "tidegate_engine_rejections_total"
+                if labels.contains("reason=\"queue_full\"")
+                    || labels.contains("reason=\"queue_timeout\"") =>
+            {
+                s.overload_refusals += value
+            }
+            "tidegate_engine_queue_wait_seconds_bucket" => {
+                if let Some(le) = label(labels, "le") {
+                    *buckets.entry(le.to_string()).or_default() += value;
+                }
+            }
+            _ => {}
+        }
+    }
+    let mut b: Vec<(f64, f64)> = buckets
+        .into_iter()
+        .filter_map(|(le, c)| {
+            let bound = if le == "+Inf" {
+                f64::INFINITY
+            } else {
+                le.parse().ok()?
+            };
+            Some((bound, c))
+        })
+        .collect();
+    b.sort_by(|x, y| x.0.total_cmp(&y.0));
+    s.queue_wait_buckets = b;
+    s
+}
+
+/// `name{labels} value [timestamp]` → (series, value).
+fn split_sample(line: &str) -> Option<(&str, f64)> {
+    let end_of_series = match line.rfind('}') {
+        Some(i) => i + 1,
+        None => line.find(' ')?,
+    };
+    let (series, rest) = line.split_at(end_of_series);
+    let value = rest.split_whitespace().next()?;
+    let v = match value {
+        "+Inf" => f64::INFINITY,
+        "-Inf" => f64::NEG_INFINITY,
+        other => other.parse().ok()?,
+    };
+    Some((series.trim(), v))
+}
+
+fn label<'a>(labels: &'a str, key: &str) -> Option<&'a str> {
+    let pat = format!("{key}=\"");
+    let start = labels.find(&pat)? + pat.len();
+    let end = labels[start..].find('"')? + start;
+    Some(&labels[start..end])
+}
+
+/// The q-quantile of the observations between two cumulative histograms, interpolated
+/// within the bucket as Prometheus' histogram_quantile does. None when nothing was observed.
+pub fn quantile_between(prev: &[(f64, f64)], cur: &[(f64, f64)], q: f64) -> Option<f64> {
+    let deltas: Vec<(f64, f64)> = cur
+        .iter()
+        .map(|(le, c)| {
+            let before = prev.iter().find(|(l, _)| l == le).map_or(0.0, |(_, c)| *c);
+            (*le, (c - before).max(0.0))
+        })
+        .collect();
+    let total = deltas.last()?.1;
+    if total <= 0.0 {
+        return None;
+    }
+    let rank = q * total;
+    let mut lower = 0.0;
+    let mut below = 0.0;
+    for (le, count) in &deltas {
+        if *count >= rank {
+            if le.is_infinite() {
+                return Some(lower);
+            }
+            let in_bucket = count - below;
+            let frac = if in_bucket > 0.0 {
+                (rank - below) / in_bucket
+            } else {
+                1.0
+            };
+            return Some(lower + (le - lower) * frac);
+        }
+        lower = *le;
+        below = *count;
+    }
+    Some(lower)
+}
+
+/// Scrapes engines directly.
+pub struct DirectMetrics {
+    http: reqwest::Client,
+    previous: Mutex<HashMap<String, EngineSample>>,
+}
+
+impl Default for DirectMetrics {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl DirectMetrics {
+    pub fn new() -> Self {
+        DirectMetrics {
+            http: reqwest::Client::builder()
+                .timeout(Duration::from_secs(3))
+                .build()
+                .unwrap_or_else(|_| reqwest::Client::new()),
+            previous: Mutex::new(HashMap::new()),
+        }
+    }
+
+    async fn scrape(&self, ep: &Endpoint, now_ms: u64) -> Option<EngineSample> {
+        let resp = self
+            .http
+            .get(format!("{}/metrics", ep.api_url))
+            .send()
+            .await
+            .ok()?;
+        if !resp.status().is_success() {
+            return None;
+        }
+        let text = resp.text().await.ok()?;
+        Some(parse_engine_metrics(&text, now_ms))
+    }
+}
+
+impl MetricsSource for DirectMetrics {
+    async fn read(
+        &self,
+        _pool: &PoolRef,
+        _spec: &InferencePoolSpec,
+        endpoints: &[Endpoint],
+        now_ms: u64,
+    ) -> Result<PoolMetrics, MetricsProblem> {
+        let mut samples = Vec::new();
+        for ep in endpoints {
+            if let Some(s) = self.scrape(ep, now_ms).await {
+                samples.push((ep.name.clone(), s));
+            }
+        }
+        if samples.is_empty() {
+            return Err(if endpoints.is_empty() {
+                MetricsProblem::NoData("no engine replicas to scrape".into())
+            } else {
+                MetricsProblem::Unreachable(format!(
+                    "none of {} engine(s) answered /metrics",
+                    endpoints.len()
+                ))
+            });
+        }
+        let mut prev = self.previous.lock().unwrap_or_else(|p| p.into_inner());
+        let mut m = PoolMetrics {
+            pods_reporting: samples.len() as i32,
+            sampled_at: now_ms,
+            ..PoolMetrics::default()
+        };
+        let (mut kv_used, mut kv_total) = (0.0, 0.0);
+        let mut p99s = Vec::new();
+        for (name, s) in &samples {
+            m.running += s.running;
+            m.waiting += s.waiting;
+            kv_used += s.kv_used;
+            kv_total += s.kv_total;
+            if let Some(p) = prev.get(name) {
+                let dt = s.at_ms.saturating_sub(p.at_ms) as f64 / 1000.0;
+                if dt > 0.0 && s.decode_tokens >= p.decode_tokens {
+                    let tps = (s.decode_tokens - p.decode_tokens) / dt;
+                    m.decode_tokens_per_second += tps;
+                    if s.waiting > 0.0 {
+                        m.saturated_pod_tokens_per_second.push(tps);
+                    }
+                    m.evictions_per_second += (s.evictions - p.evictions).max(0.0) / dt;
+                    m.overload_refusals_per_second +=
+                        (s.overload_refusals - p.overload_refusals).max(0.0) / dt;
+                    if let Some(q) =
+                        quantile_between(&p.queue_wait_buckets, &s.queue_wait_buckets, 0.99)
+                    {
+                        p99s.push(q);
+                    }
+                }
+            }
+        }
+        m.kv_utilization = if kv_total > 0.0 {
+            kv_used / kv_total
+        } else {
+            0.0
+        };
+        // The pool's p99 is at least the worst engine's; take the max as a conservative view.
+        m.queue_wait_p99_seconds = p99s.into_iter().reduce(f64::max);
+        let live: Vec<&String> = samples.iter().map(|(n, _)| n).collect();
+        prev.retain(|k, _| live.contains(&k));
+        for (name, s) in samples {
+            prev.insert(name, s);
+        }
+        Ok(m)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const TEXT: &str = r#"
+# HELP tidegate_engine_decode_tokens_total Decode tokens.
+# TYPE tidegate_engine_decode_tokens_total counter
+tidegate_engine_decode_tokens_total 1200
+tidegate_engine_requests_running 8
+tidegate_engine_requests_waiting 3
+tidegate_engine_kv_blocks_used 50
+tidegate_engine_kv_blocks_total 200
+tidegate_engine_evictions_total{tier="free",action="drop"} 4
+tidegate_engine_rejections_total{reason="queue_full"} 2
+tidegate_engine_rejections_total{reason="rate_limited"} 9
+tidegate_engine_queue_wait_seconds_bucket{tier="free",le="0.1"} 10
+tidegate_engine_queue_wait_seconds_bucket{tier="free",le="1.0"} 18
+tidegate_engine_queue_wait_seconds_bucket{tier="free",le="+Inf"} 20
+tidegate_engine_queue_wait_seconds_bucket{tier="gold",le="0.1"} 5
+tidegate_engine_queue_wait_seconds_bucket{tier="gold",le="1.0"} 5
+tidegate_engine_queue_wait_seconds_bucket{tier="gold",le="+Inf"} 5
+"#;
+
+    #[test]
+    fn parses_the_engine_exposition() {
+        let s = parse_engine_metrics(TEXT, 7);
+        assert_eq!(s.decode_tokens, 1200.0);
+        assert_eq!((s.running, s.waiting), (8.0, 3.0));
+        assert_eq!((s.kv_used, s.kv_total), (50.0, 200.0));
+        assert_eq!(s.evictions, 4.0);
+        assert_eq!(s.overload_refusals, 2.0);
+        assert_eq!(
+            s.queue_wait_buckets,
+            vec![(0.1, 15.0), (1.0, 23.0), (f64::INFINITY, 25.0)]
+        );
+    }
+
+    #[test]
+    fn quantiles_interpolate_within_buckets() {
+        let cur = vec![(0.1, 50.0), (1.0, 100.0), (f64::INFINITY, 100.0)];
+        let q = quantile_between(&[], &cur, 0.5).unwrap();
+        assert!((q - 0.1).abs() < 1e-9);
+        let q = quantile_between(&[], &cur, 0.99).unwrap();
+        assert!(q > 0.9 && q <= 1.0, "{q}");
+        assert_eq!(quantile_between(&cur, &cur, 0.99), None);
+    }
+}

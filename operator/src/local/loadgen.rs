@@ -1,0 +1,220 @@
+//! Built-in load generator for local mode: a tidal load from several tenants and tiers.
+//!
+//! Shape: existing tenants of every tier start first (they are admitted and become
+//! *existing*); load then ramps up beyond what the pool can serve at its ceiling while new
+//! tenants keep arriving; then it ebbs to nothing. Tenants are identified to engines with
+//! the trusted-gateway headers (`x-tidegate-tenant`, `x-tidegate-tier`), as a gateway in
+//! front of the pool would. Invariants: requests go only to loopback engine endpoints; every
+//! loop is bounded by the scenario's end time; every outcome is counted exactly once.
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::{Duration, Instant};
+
+use tokio::sync::watch;
+
+use crate::ports::Endpoint;
+
+/// The tidal scenario, in wall-clock time.
+#[derive(Clone, Debug)]
+pub struct TideShape {
+    pub warmup: Duration,
+    pub ramp_up: Duration,
+    pub high: Duration,
+    pub ramp_down: Duration,
+    /// Existing tenants active from the start.
+    pub base_users: usize,
+    /// Concurrent users at high tide (existing ones included).
+    pub peak_users: usize,
+    /// Output tokens asked per request.
+    pub max_tokens: u32,
+    /// Served model name.
+    pub model: String,
+}
+
+impl TideShape {
+    pub fn total(&self) -> Duration {
+        self.warmup + self.ramp_up + self.high + self.ramp_down
+    }
+
+    /// Concurrent users wanted `t` after the start.
+    pub fn users_at(&self, t: Duration) -> usize {
+        let (w, u, h) = (
+            self.warmup,
+            self.warmup + self.ramp_up,
+            self.warmup + self.ramp_up + self.high,
+        );
+        let frac =
+            |a: Duration, b: Duration| (t - a).as_secs_f64() / (b - a).as_secs_f64().max(1e-9);
+        let extra = (self.peak_users - self.base_users.min(self.peak_users)) as f64;
+        if t < w {
+            self.base_users
+        } else if t < u {
+            self.base_users + (extra * frac(w, u)) as usize
+        } else if t < h {
+            self.peak_users
+        } else if t < self.total() {
+            (self.peak_users as f64 * (1.0 - frac(h, self.total()))) as usize
+        } else {
+            0
+        }
+    }
+}
+
+/// Outcome counters, by reason.
+#[derive(Default)]
+pub struct Tally {
+    counts: std::sync::Mutex<BTreeMap<String, u64>>,
+    pub served: AtomicU64,
+    pub tokens: AtomicU64,
+}
+
+impl Tally {
+    fn add(&self, key: &str) {
+        let mut c = self.counts.lock().unwrap_or_else(|p| p.into_inner());
+        *c.entry(key.to_string()).or_default() += 1;
+    }
+
+    /// Outcome counts, e.g. `served/existing`, `refused/new_tenant_admission_paused`.
+    pub fn snapshot(&self) -> BTreeMap<String, u64> {
+        self.counts
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .clone()
+    }
+}
+
+/// A virtual user: one tenant of one tier.
+#[derive(Clone, Debug)]
+struct User {
+    tenant: String,
+    tier: String,
+    existing: bool,
+}
+
+/// Tier of the i-th user: a mix of every tier, enterprise rarest.
+fn tier_of(i: usize) -> &'static str {
+    match i % 6 {
+        0 => "enterprise",
+        1 | 2 => "standard",
+        _ => "free",
+    }
+}
+
+/// Runs the scenario until its end; returns the tally.
+pub async fn run(shape: TideShape, endpoints: watch::Receiver<Vec<Endpoint>>) -> Arc<Tally> {
+    let tally = Arc::new(Tally::default());
+    let start = Instant::now();
+    let end = start + shape.total();
+    let http = reqwest::Client::builder()
+        .timeout(Duration::from_secs(120))
+        .build()
+        .unwrap_or_else(|_| reqwest::Client::new());
+    let mut tasks = Vec::new();
+    for i in 0..shape.peak_users {
+        let user = User {
+            tenant: if i < shape.base_users {
+                format!("tenant-{i:03}")
+            } else {
+                format!("newcomer-{i:03}")
+            },
+            tier: tier_of(i).to_string(),
+            existing: i < shape.base_users,
+        };
+        let (shape, eps, tally, http) = (
+            shape.clone(),
+            endpoints.clone(),
+            tally.clone(),
+            http.clone(),
+        );
+        tasks.push(tokio::spawn(async move {
+            user_loop(i, user, shape, start, end, eps, tally, http).await;
+        }));
+    }
+    for t in tasks {
+        let _ = t.await;
+    }
+    tally
+}
+
+#[allow(clippy::too_many_arguments)]
+async fn user_loop(
+    index: usize,
+    user: User,
+    shape: TideShape,
+    start: Instant,
+    end: Instant,
+    endpoints: watch::Receiver<Vec<Endpoint>>,
+    tally: Arc<Tally>,
+    http: reqwest::Client,
+) {
+    let mut n = 0usize;
+    while Instant::now() < end {
+        if index >= shape.users_at(start.elapsed()) {
+            tokio::time::sleep(Duration::from_millis(250)).await;
+            continue;
+        }
+        let ready: Vec<Endpoint> = endpoints
+            .borrow()
+            .iter()
+            .filter(|e| e.ready)
+            .cloned()
+            .collect();
+        if ready.is_empty() {
+            tokio::time::sleep(Duration::from_millis(250)).await;
+            continue;
+        }
+        let ep = &ready[(index + n) % ready.len()];
+        n += 1;
+        let kind = if user.existing { "existing" } else { "new" };
+        let body = serde_json::json!({
+            "model": shape.model,
+            "prompt": format!("Tenant {} asks question number {n}:", user.tenant),
+            "max_tokens": shape.max_tokens,
+            "ignore_eos": true,
+            "temperature": 0.0,
+        });
+        let resp = http
+            .post(format!("{}/v1/completions", ep.api_url))
+            .header("x-tidegate-tenant", &user.tenant)
+            .header("x-tidegate-tier", &user.tier)
+            .header("x-session-id", format!("{}-{}", user.tenant, n % 3))
+            .json(&body)
+            .send()
+            .await;
+        let backoff = match resp {
+            Ok(r) if r.status().is_success() => {
+                let v: serde_json::Value = r.json().await.unwrap_or_default();
+                let toks = v["usage"]["completion_tokens"].as_u64().unwrap_or(0);
+                tally.served.fetch_add(1, Ordering::Relaxed);
+                tally.tokens.fetch_add(toks, Ordering::Relaxed);
+                tally.add(&format!("served/{kind}/{}", user.tier));
+                Duration::from_millis(50)
+            }
+            Ok(r) => {
+                let status = r.status().as_u16();
+                let retry = r
+                    .headers()
+                    .get("retry-after")
+                    .and_then(|v| v.to_str().ok())
+                    .and_then(|v| v.parse::<u64>().ok());
+                let v: serde_json::Value = r.json().await.unwrap_or_default();
+                let reason = v["error"]["type"].as_str().unwrap_or("unknown").to_string();
+                tally.add(&format!("refused/{status}/{reason}/{kind}"));
+                // Honour Retry-After, capped so the demo keeps moving.
+                Duration::from_secs(retry.unwrap_or(1).clamp(1, 3))
+            }
+            Err(e) => {
+                let why = if e.is_timeout() {
+                    "timeout"
+                } else {
+                    "connection"
+                };
+                tally.add(&format!("error/{why}/{kind}"));
+                Duration::from_millis(500)
+            }
+        };
+        tokio::time::sleep(backoff).await;
+    }
+}

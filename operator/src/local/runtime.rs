@@ -1,0 +1,309 @@
+//! Local workload runtime: each replica is a `tidegate-engine serve` process on this
+//! machine, on loopback ports. Behaves like a Deployment: it keeps the asked-for count,
+//! restarts a replica that crashed, and removes drained replicas first on a scale-down.
+//!
+//! Invariants: a removed replica gets SIGTERM (the engine drains in-flight requests) and
+//! is killed only if it outlives the pool's drain grace period; every child is killed when
+//! the runtime is dropped, so no engine outlives local mode.
+
+use std::collections::HashMap;
+use std::path::{Path, PathBuf};
+use std::process::Stdio;
+use std::time::Duration;
+
+use tidegate_api::InferencePoolSpec;
+use tokio::process::{Child, Command};
+use tokio::sync::Mutex;
+use tracing::{info, warn};
+
+use crate::ports::{Endpoint, PoolRef, RuntimeError, WorkloadRuntime, WorkloadState};
+
+/// How local engines are started.
+#[derive(Clone, Debug)]
+pub struct LocalRuntimeConfig {
+    /// The `tidegate-engine` binary.
+    pub engine_bin: PathBuf,
+    /// Relative `file://` model paths are resolved against this folder.
+    pub base_dir: PathBuf,
+    /// Engine logs go here, one file per replica.
+    pub log_dir: PathBuf,
+    /// Token the engines' admin API accepts.
+    pub admin_token: String,
+    /// Extra arguments for every engine (after the pool's own extraArgs).
+    pub extra_args: Vec<String>,
+    /// When set, the engines' /metrics targets are written here in Prometheus file_sd
+    /// format (labels `namespace` and `pool`), so a real Prometheus can scrape them.
+    pub file_sd_path: Option<PathBuf>,
+}
+
+struct Replica {
+    name: String,
+    api_port: u16,
+    admin_port: u16,
+    child: Child,
+}
+
+#[derive(Default)]
+struct LocalPool {
+    desired: i32,
+    /// The spec last applied, to replace crashed replicas with.
+    spec: Option<InferencePoolSpec>,
+    next_index: u32,
+    replicas: Vec<Replica>,
+}
+
+/// Engine processes on this machine.
+pub struct LocalRuntime {
+    cfg: LocalRuntimeConfig,
+    pools: Mutex<HashMap<PoolRef, LocalPool>>,
+    http: reqwest::Client,
+}
+
+impl LocalRuntime {
+    pub fn new(cfg: LocalRuntimeConfig) -> Self {
+        LocalRuntime {
+            cfg,
+            pools: Mutex::new(HashMap::new()),
+            http: reqwest::Client::builder()
+                .timeout(Duration::from_millis(800))
+                .build()
+                .unwrap_or_else(|_| reqwest::Client::new()),
+        }
+    }
+
+    /// Kills one replica of a pool without draining it (failure injection for tests/demo).
+    pub async fn crash_one(&self, pool: &PoolRef) -> Option<String> {
+        let mut pools = self.pools.lock().await;
+        let r = pools.get_mut(pool)?.replicas.first_mut()?;
+        let _ = r.child.start_kill();
+        Some(r.name.clone())
+    }
+
+    /// Stops every engine: SIGTERM, then a kill after `grace`.
+    pub async fn shutdown(&self, grace: Duration) {
+        let mut pools = self.pools.lock().await;
+        for (_, pool) in pools.iter_mut() {
+            for r in pool.replicas.drain(..) {
+                stop_replica(r, grace);
+            }
+        }
+    }
+
+    fn model_path(&self, spec: &InferencePoolSpec) -> Result<PathBuf, RuntimeError> {
+        let uri = &spec.model.uri;
+        let path = uri.strip_prefix("file://").ok_or_else(|| {
+            RuntimeError(format!("local mode serves file:// models only, not {uri}"))
+        })?;
+        let p = Path::new(path);
+        Ok(if p.is_absolute() {
+            p.to_path_buf()
+        } else {
+            self.cfg.base_dir.join(p)
+        })
+    }
+
+    fn spawn(
+        &self,
+        pool: &PoolRef,
+        spec: &InferencePoolSpec,
+        index: u32,
+    ) -> Result<Replica, RuntimeError> {
+        let name = format!("{}-{index}", pool.name);
+        let api_port = free_port()?;
+        let admin_port = free_port()?;
+        let model = self.model_path(spec)?;
+        std::fs::create_dir_all(&self.cfg.log_dir)
+            .map_err(|e| RuntimeError(format!("log dir: {e}")))?;
+        let log_path = self
+            .cfg
+            .log_dir
+            .join(format!("{}.{name}.log", pool.namespace));
+        let log = std::fs::File::create(&log_path)
+            .map_err(|e| RuntimeError(format!("{}: {e}", log_path.display())))?;
+        let err_log = log.try_clone().map_err(|e| RuntimeError(e.to_string()))?;
+        let mut cmd = Command::new(&self.cfg.engine_bin);
+        cmd.arg("serve")
+            .arg("--model")
+            .arg(&model)
+            .arg("--served-model-name")
+            .arg(&spec.model.name)
+            .arg("--listen")
+            .arg(format!("127.0.0.1:{api_port}"))
+            .arg("--admin-listen")
+            .arg(format!("127.0.0.1:{admin_port}"))
+            .arg("--max-batch-size")
+            .arg(spec.engine.max_batch_size.to_string())
+            .arg("--max-queued-requests")
+            .arg(spec.engine.max_queued_requests.to_string())
+            .args(&spec.engine.extra_args)
+            .args(&self.cfg.extra_args)
+            .env("TIDEGATE_ADMIN_TOKEN", &self.cfg.admin_token)
+            .env("TIDEGATE_REPLICA", &name)
+            .stdin(Stdio::null())
+            .stdout(Stdio::from(log))
+            .stderr(Stdio::from(err_log))
+            .kill_on_drop(true);
+        let child = cmd
+            .spawn()
+            .map_err(|e| RuntimeError(format!("spawn {}: {e}", self.cfg.engine_bin.display())))?;
+        info!(pool = %pool, replica = %name, api = api_port, admin = admin_port, log = %log_path.display(), "engine started");
+        Ok(Replica {
+            name,
+            api_port,
+            admin_port,
+            child,
+        })
+    }
+
+    /// Rewrites the file_sd targets of every pool (write then rename: Prometheus never
+    /// reads a torn file).
+    async fn write_file_sd(&self) {
+        let Some(path) = &self.cfg.file_sd_path else {
+            return;
+        };
+        let pools = self.pools.lock().await;
+        let groups: Vec<serde_json::Value> = pools
+            .iter()
+            .map(|(pref, p)| {
+                serde_json::json!({
+                    "targets": p.replicas.iter().map(|r| format!("127.0.0.1:{}", r.api_port)).collect::<Vec<_>>(),
+                    "labels": { "namespace": pref.namespace, "pool": pref.name },
+                })
+            })
+            .collect();
+        let tmp = path.with_extension("tmp");
+        let text = serde_json::Value::Array(groups).to_string();
+        if std::fs::write(&tmp, text)
+            .and_then(|_| std::fs::rename(&tmp, path))
+            .is_err()
+        {
+            warn!(path = %path.display(), "could not write Prometheus file_sd targets");
+        }
+    }
+
+    async fn ready(&self, r: &Replica) -> bool {
+        matches!(
+            self.http.get(format!("http://127.0.0.1:{}/readyz", r.api_port)).send().await,
+            Ok(resp) if resp.status().is_success()
+        )
+    }
+}
+
+impl Drop for LocalRuntime {
+    fn drop(&mut self) {
+        // kill_on_drop ends every child; nothing may outlive local mode.
+        if let Ok(mut pools) = self.pools.try_lock() {
+            pools.clear();
+        }
+    }
+}
+
+fn free_port() -> Result<u16, RuntimeError> {
+    let l = std::net::TcpListener::bind("127.0.0.1:0")
+        .map_err(|e| RuntimeError(format!("no free port: {e}")))?;
+    l.local_addr()
+        .map(|a| a.port())
+        .map_err(|e| RuntimeError(e.to_string()))
+}
+
+/// SIGTERM now (the engine drains), SIGKILL after `grace` if still running.
+fn stop_replica(mut r: Replica, grace: Duration) {
+    if let Some(pid) = r.child.id() {
+        let _ = std::process::Command::new("kill")
+            .arg("-TERM")
+            .arg(pid.to_string())
+            .status();
+    }
+    tokio::spawn(async move {
+        match tokio::time::timeout(grace, r.child.wait()).await {
+            Ok(Ok(status)) => info!(replica = %r.name, %status, "engine exited"),
+            _ => {
+                warn!(replica = %r.name, "engine outlived its drain grace period; killing it");
+                let _ = r.child.kill().await;
+            }
+        }
+    });
+}
+
+impl WorkloadRuntime for LocalRuntime {
+    async fn observe(&self, pool: &PoolRef) -> Result<WorkloadState, RuntimeError> {
+        let mut pools = self.pools.lock().await;
+        let Some(p) = pools.get_mut(pool) else {
+            return Ok(WorkloadState {
+                selector: format!("tidegate.dev/pool={}", pool.name),
+                ..WorkloadState::default()
+            });
+        };
+        // A replica whose process exited is gone.
+        p.replicas.retain_mut(|r| match r.child.try_wait() {
+            Ok(Some(status)) => {
+                warn!(pool = %pool, replica = %r.name, %status, "engine process exited");
+                false
+            }
+            _ => true,
+        });
+        // Replace what crashed, as a ReplicaSet would.
+        if let Some(spec) = p.spec.clone() {
+            while (p.replicas.len() as i32) < p.desired {
+                let index = p.next_index;
+                p.next_index += 1;
+                warn!(pool = %pool, "starting a replacement engine");
+                p.replicas.push(self.spawn(pool, &spec, index)?);
+            }
+        }
+        let mut endpoints = Vec::new();
+        for r in &p.replicas {
+            endpoints.push(Endpoint {
+                name: r.name.clone(),
+                api_url: format!("http://127.0.0.1:{}", r.api_port),
+                admin_url: format!("http://127.0.0.1:{}", r.admin_port),
+                ready: self.ready(r).await,
+            });
+        }
+        drop(pools);
+        self.write_file_sd().await;
+        let pools = self.pools.lock().await;
+        let desired = pools.get(pool).map_or(0, |p| p.desired);
+        Ok(WorkloadState {
+            replicas: Some(desired),
+            ready_replicas: endpoints.iter().filter(|e| e.ready).count() as i32,
+            endpoints,
+            selector: format!("tidegate.dev/pool={}", pool.name),
+        })
+    }
+
+    async fn apply(
+        &self,
+        pool: &PoolRef,
+        spec: &InferencePoolSpec,
+        replicas: i32,
+        remove_first: &[String],
+    ) -> Result<(), RuntimeError> {
+        let mut pools = self.pools.lock().await;
+        let p = pools.entry(pool.clone()).or_default();
+        p.desired = replicas;
+        p.spec = Some(spec.clone());
+        let grace = spec.engine.drain_grace_period.as_std();
+        while (p.replicas.len() as i32) > replicas {
+            let idx = p
+                .replicas
+                .iter()
+                .position(|r| remove_first.contains(&r.name))
+                .unwrap_or(p.replicas.len() - 1);
+            let r = p.replicas.remove(idx);
+            info!(pool = %pool, replica = %r.name, "removing engine (SIGTERM, drain)");
+            stop_replica(r, grace);
+        }
+        while (p.replicas.len() as i32) < replicas {
+            let index = p.next_index;
+            p.next_index += 1;
+            let r = self.spawn(pool, spec, index)?;
+            p.replicas.push(r);
+        }
+        Ok(())
+    }
+
+    async fn admin_token(&self, _pool: &PoolRef) -> Result<String, RuntimeError> {
+        Ok(self.cfg.admin_token.clone())
+    }
+}
