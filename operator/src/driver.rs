@@ -132,7 +132,10 @@ impl<W: WorkloadRuntime, M: MetricsSource, E: EngineControl, R: RegistryStore> D
         if target >= current {
             if !mem.draining.is_empty() {
                 let names: Vec<&String> = mem.draining.keys().collect();
-                let still_here = workload.endpoints.iter().any(|e| mem.draining.contains_key(&e.name));
+                let still_here = workload
+                    .endpoints
+                    .iter()
+                    .any(|e| mem.draining.contains_key(&e.name));
                 if still_here {
                     // A started drain cannot be undone: the engine leaves when it is done.
                     info!(pool = %pool, replicas = ?names, "scale-down no longer wanted; draining replicas finish and leave");

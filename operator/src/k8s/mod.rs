@@ -22,6 +22,7 @@ pub mod prometheus;
 pub mod registry_store;
 pub mod run;
 pub mod runtime;
+pub mod source_switch;
 
 use std::collections::BTreeMap;
 

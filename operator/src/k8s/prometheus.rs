@@ -1,8 +1,10 @@
 //! `PrometheusMetrics`: the MetricsSource port through PromQL.
 //!
 //! Scrape labels assumed (what the chart's PodMonitor produces): every engine series carries
-//! `namespace` and `pod` (Prometheus' Kubernetes discovery) and `pool` (relabelled from the
-//! pod label `tidegate.dev/pool`). Queries select `{namespace="NS", pool="POOL"}`.
+//! `namespace`, `pod` and `instance` (Prometheus' Kubernetes discovery) and `pool`
+//! (relabelled from the pod label `tidegate.dev/pool`). Queries select
+//! `{namespace="NS", pool="POOL"}`; per-engine figures are grouped by `(pod, instance)`, so
+//! targets without a `pod` label (local mode's file_sd) are still told apart by `instance`.
 //!
 //! Fail static: an unreachable Prometheus (or one that refuses a query, or is too slow) is
 //! `MetricsProblem::Unreachable`; no engine series for the pool is `NoData`. `sampled_at` is
@@ -30,7 +32,7 @@ fn escape(v: &str) -> String {
 /// The PromQL queries for one pool.
 #[derive(Clone, Debug, PartialEq)]
 pub struct Queries {
-    /// Decode tokens/s per pod: `sum by (pod) (rate(decode_tokens_total[W]))`.
+    /// Decode tokens/s per engine: `sum by (pod, instance) (rate(decode_tokens_total[W]))`.
     pub tokens_per_pod: String,
     /// Most requests waiting per pod during the window (saturation).
     pub max_waiting_per_pod: String,
@@ -60,13 +62,15 @@ impl Queries {
         let w = format!("{}s", window.as_secs().max(1));
         Queries {
             tokens_per_pod: format!(
-                "sum by (pod) (rate(tidegate_engine_decode_tokens_total{{{sel}}}[{w}]))"
+                "sum by (pod, instance) (rate(tidegate_engine_decode_tokens_total{{{sel}}}[{w}]))"
             ),
             max_waiting_per_pod: format!(
-                "max by (pod) (max_over_time(tidegate_engine_requests_waiting{{{sel}}}[{w}]))"
+                "max by (pod, instance) (max_over_time(tidegate_engine_requests_waiting{{{sel}}}[{w}]))"
             ),
-            running_per_pod: format!("sum by (pod) (tidegate_engine_requests_running{{{sel}}})"),
-            waiting: format!("sum by (pod) (tidegate_engine_requests_waiting{{{sel}}})"),
+            running_per_pod: format!(
+                "sum by (pod, instance) (tidegate_engine_requests_running{{{sel}}})"
+            ),
+            waiting: format!("sum by (pod, instance) (tidegate_engine_requests_waiting{{{sel}}})"),
             queue_wait_p99: format!(
                 "histogram_quantile(0.99, sum by (le) (rate(tidegate_engine_queue_wait_seconds_bucket{{{sel}}}[{w}])))"
             ),
@@ -82,7 +86,7 @@ impl Queries {
     }
 }
 
-/// One query's answer: value per `pod` label ("" when the result has no pod label).
+/// One query's answer: value per engine, keyed `pod/instance` ("" for a pool-wide value).
 pub type Series = BTreeMap<String, f64>;
 
 /// The answers, in the order of [`Queries`].
@@ -107,15 +111,20 @@ fn scalar(s: &Series) -> Option<f64> {
     finite(s.values().next().copied())
 }
 
-/// Keeps only the series of pods the workload runtime still runs: Prometheus keeps
+/// Keeps only the series of engines the workload runtime still runs: Prometheus keeps
 /// answering with a gone pod's last gauge values for its lookback window (5 minutes), which
-/// would hold demand up after a pod crashed or was removed. Series without a pod label and
-/// an empty `live` list (runtime knows nothing) keep everything.
+/// would hold demand up after a pod crashed or was removed. Keys are `pod/instance`; pool-wide
+/// values ("") and an empty `live` list (runtime knows nothing) keep everything.
 pub fn only_live(mut a: Answers, live: &[String]) -> Answers {
     if live.is_empty() {
         return a;
     }
-    let keep = |s: &mut Series| s.retain(|pod, _| pod.is_empty() || live.contains(pod));
+    let keep = |s: &mut Series| {
+        s.retain(|key, _| {
+            let pod = key.split('/').next().unwrap_or_default();
+            key.is_empty() || pod.is_empty() || live.iter().any(|l| l == pod)
+        })
+    };
     keep(&mut a.tokens_per_pod);
     keep(&mut a.max_waiting_per_pod);
     keep(&mut a.running_per_pod);
@@ -200,8 +209,14 @@ async fn query(client: &Client, promql: &str) -> Result<Series, MetricsProblem> 
     match answer.data() {
         Data::Vector(v) => {
             for s in v {
-                let pod = s.metric().get("pod").cloned().unwrap_or_default();
-                out.insert(pod, s.sample().value());
+                // One engine = one (pod, instance): `pod` in a cluster, `instance` (the
+                // scrape address) everywhere, so targets without a pod label still count.
+                let label = |k: &str| s.metric().get(k).map(String::as_str).unwrap_or("");
+                let key = match (label("pod"), label("instance")) {
+                    ("", "") => String::new(),
+                    (pod, instance) => format!("{pod}/{instance}"),
+                };
+                out.insert(key, s.sample().value());
             }
         }
         Data::Scalar(s) => {
@@ -275,7 +290,7 @@ mod tests {
         let q = Queries::new("prod", "llama", Duration::from_secs(60));
         assert_eq!(
             q.tokens_per_pod,
-            "sum by (pod) (rate(tidegate_engine_decode_tokens_total{namespace=\"prod\", pool=\"llama\"}[60s]))"
+            "sum by (pod, instance) (rate(tidegate_engine_decode_tokens_total{namespace=\"prod\", pool=\"llama\"}[60s]))"
         );
         assert!(q.queue_wait_p99.starts_with("histogram_quantile(0.99, sum by (le) (rate(tidegate_engine_queue_wait_seconds_bucket{namespace=\"prod\", pool=\"llama\"}[60s])))"));
         assert!(q.refusals.contains("reason=~\"queue_full|queue_timeout\""));

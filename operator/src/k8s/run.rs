@@ -1,10 +1,13 @@
 //! `tidegate-operator run`: the operator against an API server (in a cluster or from a
 //! kubeconfig).
 //!
-//! `main` wires the Kubernetes adapters; [`run_with`] runs the controller over any
-//! WorkloadRuntime + MetricsSource + EngineControl + RegistryStore, so other workloads
-//! (local engine processes against a plain API server) reuse everything else: metrics
-//! endpoint, leader election, status, events.
+//! `main` wires the adapters: `--workload kubernetes` (Deployment/Service/PDB, ConfigMap
+//! registry, Events) or `--workload local` (engine processes on this machine, file registry,
+//! an API server that only serves the custom resources). Either way a pool's metrics come
+//! from Prometheus or from its engines directly, per `spec.scaling.metrics.source`.
+//! [`run_with`] runs the controller over any WorkloadRuntime + MetricsSource +
+//! EngineControl + RegistryStore and brings the rest: metrics endpoint, leader election,
+//! status, events.
 
 use std::net::SocketAddr;
 use std::path::PathBuf;
@@ -19,11 +22,17 @@ use super::events::EventSink;
 use super::leader::LeaderElector;
 use super::manager::{ControllerOptions, run_controller};
 use super::metrics::{self, OperatorMetrics};
+use super::objects::random_token;
 use super::owners::OwnerBook;
 use super::prometheus::PrometheusMetrics;
 use super::registry_store::ConfigMapRegistry;
 use super::runtime::K8sRuntime;
+use super::source_switch::SourceSwitch;
+use crate::direct_metrics::DirectMetrics;
 use crate::driver::Driver;
+use crate::engine_client::HttpEngineControl;
+use crate::local::files::FileRegistry;
+use crate::local::runtime::{LocalRuntime, LocalRuntimeConfig};
 use crate::ports::{EngineControl, MetricsSource, RegistryStore, WorkloadRuntime};
 
 /// Log line format.
@@ -73,15 +82,11 @@ pub struct RunArgs {
     /// --workload local: the tidegate-engine binary (default: next to this binary).
     #[arg(long, env = "TIDEGATE_ENGINE_BIN")]
     pub engine_bin: Option<PathBuf>,
-    /// --workload local: folder for engine logs and the tenant registry.
-    #[arg(
-        long,
-        env = "TIDEGATE_LOCAL_STATE_DIR",
-        default_value = ".tidegate-local"
-    )]
+    /// --workload local: folder for engine logs and tenant registries.
+    #[arg(long, default_value = ".tidegate-local")]
     pub local_state_dir: PathBuf,
     /// --workload local: write the engines' /metrics targets here (Prometheus file_sd).
-    #[arg(long, env = "TIDEGATE_FILE_SD")]
+    #[arg(long)]
     pub file_sd: Option<PathBuf>,
 }
 
@@ -150,20 +155,22 @@ pub fn main(args: RunArgs) -> anyhow::Result<()> {
 
 async fn run(args: RunArgs) -> anyhow::Result<()> {
     let client = client(&args).await?;
+    let metrics = SourceSwitch {
+        prometheus: PrometheusMetrics::new(args.prometheus_url.clone()),
+        direct: DirectMetrics::new(),
+    };
     match args.workload {
         Workload::Kubernetes => {
             let owners = OwnerBook::new();
             let driver = Driver::new(
                 K8sRuntime::new(client.clone(), owners.clone()),
-                PrometheusMetrics::new(args.prometheus_url.clone()),
-                engine_control(),
+                metrics,
+                HttpEngineControl::new(),
                 ConfigMapRegistry::new(client.clone(), owners.clone()),
             );
             run_with(&args, client, driver, owners, Capabilities::CLUSTER).await
         }
-        // Engine processes on this machine; the API server only holds the custom resources.
         Workload::Local => {
-            let state = args.local_state_dir.clone();
             let engine_bin = match &args.engine_bin {
                 Some(b) => b.clone(),
                 None => std::env::current_exe()?.with_file_name("tidegate-engine"),
@@ -173,21 +180,20 @@ async fn run(args: RunArgs) -> anyhow::Result<()> {
                 "engine binary {} not found (pass --engine-bin)",
                 engine_bin.display()
             );
-            let runtime = crate::local::runtime::LocalRuntime::new(
-                crate::local::runtime::LocalRuntimeConfig {
-                    engine_bin,
-                    base_dir: std::env::current_dir()?,
-                    log_dir: state.join("logs"),
-                    admin_token: crate::local::random_token(),
-                    extra_args: Vec::new(),
-                    file_sd_path: args.file_sd.clone(),
-                },
-            );
+            std::fs::create_dir_all(&args.local_state_dir)?;
+            let runtime = LocalRuntime::new(LocalRuntimeConfig {
+                engine_bin,
+                base_dir: std::env::current_dir()?,
+                log_dir: args.local_state_dir.join("logs"),
+                admin_token: random_token().context("making an admin token")?,
+                extra_args: Vec::new(),
+                file_sd_path: args.file_sd.clone(),
+            });
             let driver = Driver::new(
                 runtime,
-                PrometheusMetrics::new(args.prometheus_url.clone()),
-                engine_control(),
-                crate::local::files::FileRegistry::new(state.join("registry")),
+                metrics,
+                HttpEngineControl::new(),
+                FileRegistry::new(args.local_state_dir.join("registry")),
             );
             run_with(
                 &args,
@@ -267,9 +273,4 @@ where
             _ => anyhow::bail!("metrics server stopped"),
         },
     }
-}
-
-/// The engine admin client used by `run`.
-fn engine_control() -> crate::engine_client::HttpEngineControl {
-    crate::engine_client::HttpEngineControl::new()
 }
