@@ -99,7 +99,7 @@ spec:
   scaling:
     interval: 2s
     scaleUpStabilization: 0s
-    scaleDownStabilization: 2s
+    scaleDownStabilization: 10s
     maxScaleUpStep: 1
     maxScaleDownStep: 1
     metrics: {source: Prometheus, prometheusUrl: "http://127.0.0.1:$PROM_PORT", rateWindow: 5s, staleAfter: 8s}

@@ -1,5 +1,6 @@
 //! tidegate operator: CRD generation, pure planning, controllers and adapters.
 
+pub mod bench_plan;
 pub mod crdgen;
 pub mod direct_metrics;
 pub mod driver;

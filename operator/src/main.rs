@@ -36,6 +36,8 @@ enum Command {
     Local(tidegate_operator::local::LocalArgs),
     /// Simulate a pool under traffic traces; compare tidegate with HPA, KEDA and an oracle.
     Simulate(tidegate_operator::sim::cli::Args),
+    /// Reconcile many pools in memory (planner + status, no I/O): plan() p99 and CPU per reconcile.
+    BenchPlan(tidegate_operator::bench_plan::BenchPlanArgs),
 }
 
 fn main() -> anyhow::Result<()> {
@@ -52,6 +54,7 @@ fn main() -> anyhow::Result<()> {
             tokio::runtime::Runtime::new()?.block_on(tidegate_operator::local::run(args))
         }
         Command::Simulate(args) => tidegate_operator::sim::cli::simulate(&args),
+        Command::BenchPlan(args) => tidegate_operator::bench_plan::run(&args),
     }
 }
 
