@@ -168,18 +168,24 @@ async fn user_loop(
         let ep = &ready[(index + n) % ready.len()];
         n += 1;
         let kind = if user.existing { "existing" } else { "new" };
+        // Newcomers keep arriving: every few requests a newcomer slot is a brand-new tenant.
+        let tenant = if user.existing {
+            user.tenant.clone()
+        } else {
+            format!("{}-{}", user.tenant, n / 4)
+        };
         let body = serde_json::json!({
             "model": shape.model,
-            "prompt": format!("Tenant {} asks question number {n}:", user.tenant),
+            "prompt": format!("Tenant {tenant} asks question number {n}:"),
             "max_tokens": shape.max_tokens,
             "ignore_eos": true,
             "temperature": 0.0,
         });
         let resp = http
             .post(format!("{}/v1/completions", ep.api_url))
-            .header("x-tidegate-tenant", &user.tenant)
+            .header("x-tidegate-tenant", &tenant)
             .header("x-tidegate-tier", &user.tier)
-            .header("x-session-id", format!("{}-{}", user.tenant, n % 3))
+            .header("x-session-id", format!("{tenant}-{}", n % 3))
             .json(&body)
             .send()
             .await;

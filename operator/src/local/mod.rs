@@ -51,8 +51,8 @@ pub struct LocalArgs {
     /// Existing tenants active from the start.
     #[arg(long, default_value_t = 6)]
     pub base_users: usize,
-    /// Output tokens per request of the load.
-    #[arg(long, default_value_t = 24)]
+    /// Output tokens per request of the load (clamped by each tier's maxOutputTokens).
+    #[arg(long, default_value_t = 128)]
     pub max_tokens: u32,
     /// Give up waiting for the pool to settle after the load this long after it ends.
     #[arg(long, default_value = "180s")]
