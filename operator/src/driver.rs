@@ -149,7 +149,10 @@ impl<W: WorkloadRuntime, M: MetricsSource, E: EngineControl, R: RegistryStore> D
             }
         } else {
             // Victims are chosen once and kept until removed, so a drain is never abandoned
-            // half-way because readiness changed (a draining engine stops being ready).
+            // half-way because readiness changed (a draining engine stops being ready). A
+            // victim that is gone already (it crashed, or was removed) is forgotten.
+            mem.draining
+                .retain(|name, _| workload.endpoints.iter().any(|e| &e.name == name));
             let wanted = (current - target) as usize;
             let mut victims: Vec<Endpoint> = workload
                 .endpoints

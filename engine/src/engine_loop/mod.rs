@@ -13,9 +13,12 @@
 //! shares nothing with it but channels, the ready flag and a one-slot tier-policy mailbox.
 
 pub mod bench;
+mod bench_client;
+mod bench_session;
 mod live;
 mod owner;
 mod publish;
+mod soak;
 
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, Ordering};

@@ -268,7 +268,10 @@ mod x86 {
         // SAFETY: R rows of kn floats at stride ldx in x and kn·NR floats in panel (asserted
         // by the caller); tile holds MR·NR ≥ R·NR floats.
         unsafe {
+            // Row pointers are computed once: the inner loop then does no index arithmetic
+            // (which overflow checks would otherwise turn into branches).
             let xp = x.as_ptr();
+            let rows: [*const f32; R] = std::array::from_fn(|r| xp.wrapping_add(r * ldx));
             let mut wp = panel.as_ptr();
             let tp = tile.as_mut_ptr();
             let mut acc0 = [_mm512_setzero_ps(); R];
@@ -288,7 +291,7 @@ mod x86 {
                 let w0 = _mm512_loadu_ps(wp);
                 let w1 = _mm512_loadu_ps(wp.add(16));
                 for r in 0..R {
-                    let xv = _mm512_set1_ps(*xp.add(r * ldx + t));
+                    let xv = _mm512_set1_ps(*rows[r].add(t));
                     acc0[r] = _mm512_fmadd_ps(xv, w0, acc0[r]);
                     acc1[r] = _mm512_fmadd_ps(xv, w1, acc1[r]);
                 }

@@ -5,5 +5,6 @@
 
 pub mod matmul;
 pub mod ops;
+pub mod peak;
 
 pub use matmul::{PackedMatrix, matmul_xwt};

@@ -30,13 +30,18 @@ impl KvStore {
         num_blocks: usize,
     ) -> Self {
         let per_layer = num_blocks * block_size * kv_heads * head_dim;
+        // The pool is touched now, not on first use: the process reaches its steady memory
+        // when it turns ready (so a memory limit fails at start-up, not under load, and RSS
+        // stays flat while serving). -0.0 rather than 0.0 because zeroed allocations are
+        // mapped lazily; the value is never read before a token's K/V is written there.
+        let touched = || vec![-0.0f32; per_layer];
         Self {
             block_size,
             num_blocks,
             kv_heads,
             head_dim,
-            k: (0..layers).map(|_| vec![0.0; per_layer]).collect(),
-            v: (0..layers).map(|_| vec![0.0; per_layer]).collect(),
+            k: (0..layers).map(|_| touched()).collect(),
+            v: (0..layers).map(|_| touched()).collect(),
         }
     }
 

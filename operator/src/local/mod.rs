@@ -125,7 +125,10 @@ pub async fn run(args: LocalArgs) -> anyhow::Result<()> {
         engine_bin,
         base_dir,
         log_dir: args.state_dir.join("logs"),
-        admin_token: random_token(),
+        admin_token: anyhow::Context::context(
+            crate::k8s::objects::random_token(),
+            "making an admin token",
+        )?,
         extra_args: Vec::new(),
         file_sd_path: None,
     });
@@ -399,16 +402,4 @@ fn ensure_model(
         p.display()
     );
     Ok(())
-}
-
-/// A fresh admin token for engines started on this machine.
-pub fn random_token() -> String {
-    use std::hash::{BuildHasher, Hasher};
-    let mut out = String::new();
-    for _ in 0..4 {
-        let mut h = std::collections::hash_map::RandomState::new().build_hasher();
-        h.write_u128(now_ms() as u128 ^ u128::from(std::process::id()));
-        out.push_str(&format!("{:016x}", h.finish()));
-    }
-    out
 }
