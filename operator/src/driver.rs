@@ -295,3 +295,7 @@ fn restore_plan_state(previous: Option<&InferencePoolStatus>) -> PlanState {
     state.last_desired = Some(prev.desired_replicas);
     state
 }
+
+#[cfg(test)]
+#[path = "driver_tests.rs"]
+mod tests;

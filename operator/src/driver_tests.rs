@@ -1,0 +1,276 @@
+//! Driver scenarios over fake ports (no I/O): a replica is removed only after it drained, a
+//! drain victim that vanished is forgotten and replaced, and a metrics outage removes nothing.
+
+use std::sync::{Arc, Mutex, MutexGuard};
+
+use tidegate_api::engine_admin::{AdmittedTenants, DrainState, DrainStatus, EnginePolicy};
+
+use super::*;
+use crate::plan::{MetricsProblem, PoolMetrics};
+use crate::ports::{ControlError, RegistryError};
+
+/// The world the fakes share.
+#[derive(Default)]
+struct World {
+    endpoints: Vec<Endpoint>,
+    replicas: i32,
+    /// Every `apply` call: (replicas, remove_first).
+    applied: Vec<(i32, Vec<String>)>,
+    /// Engines asked to drain, in order.
+    drain_calls: Vec<String>,
+    /// Engines that report Drained.
+    drained: Vec<String>,
+    metrics_down: bool,
+    next_name: usize,
+}
+
+impl World {
+    fn spawn(&mut self) {
+        let name = format!("e{}", self.next_name);
+        self.next_name += 1;
+        self.endpoints.push(Endpoint {
+            api_url: format!("http://{name}"),
+            admin_url: format!("http://{name}-admin"),
+            name,
+            ready: true,
+        });
+    }
+}
+
+#[derive(Clone, Default)]
+struct Fake(Arc<Mutex<World>>);
+
+impl Fake {
+    fn with_replicas(n: i32) -> Self {
+        let f = Fake::default();
+        {
+            let mut w = f.world();
+            w.replicas = n;
+            for _ in 0..n {
+                w.spawn();
+            }
+        }
+        f
+    }
+
+    fn world(&self) -> MutexGuard<'_, World> {
+        self.0.lock().expect("world lock")
+    }
+}
+
+impl WorkloadRuntime for Fake {
+    async fn observe(&self, _pool: &PoolRef) -> Result<WorkloadState, RuntimeError> {
+        let w = self.world();
+        Ok(WorkloadState {
+            replicas: Some(w.replicas),
+            ready_replicas: w.endpoints.iter().filter(|e| e.ready).count() as i32,
+            endpoints: w.endpoints.clone(),
+            selector: "pool=p".into(),
+        })
+    }
+
+    async fn apply(
+        &self,
+        _pool: &PoolRef,
+        _spec: &InferencePoolSpec,
+        replicas: i32,
+        remove_first: &[String],
+    ) -> Result<(), RuntimeError> {
+        let mut w = self.world();
+        w.applied.push((replicas, remove_first.to_vec()));
+        w.endpoints.retain(|e| !remove_first.contains(&e.name));
+        w.replicas = replicas;
+        while (w.endpoints.len() as i32) < replicas {
+            w.spawn();
+        }
+        Ok(())
+    }
+
+    async fn admin_token(&self, _pool: &PoolRef) -> Result<String, RuntimeError> {
+        Ok("token".into())
+    }
+}
+
+impl MetricsSource for Fake {
+    async fn read(
+        &self,
+        _pool: &PoolRef,
+        _spec: &InferencePoolSpec,
+        endpoints: &[Endpoint],
+        now_ms: u64,
+    ) -> Result<PoolMetrics, MetricsProblem> {
+        if self.world().metrics_down {
+            return Err(MetricsProblem::Unreachable("connection refused".into()));
+        }
+        // Light load: one replica is plenty.
+        Ok(PoolMetrics {
+            decode_tokens_per_second: 50.0,
+            saturated_pod_tokens_per_second: Vec::new(),
+            running: 2.0,
+            waiting: 0.0,
+            queue_wait_p99_seconds: Some(0.01),
+            kv_utilization: 0.05,
+            evictions_per_second: 0.0,
+            overload_refusals_per_second: 0.0,
+            pods_reporting: endpoints.len() as i32,
+            sampled_at: now_ms,
+        })
+    }
+}
+
+impl EngineControl for Fake {
+    async fn push_policy(
+        &self,
+        _ep: &Endpoint,
+        _token: &str,
+        _policy: &EnginePolicy,
+    ) -> Result<(), ControlError> {
+        Ok(())
+    }
+
+    async fn tenants_since(
+        &self,
+        _ep: &Endpoint,
+        _token: &str,
+        since_ms: u64,
+    ) -> Result<AdmittedTenants, ControlError> {
+        Ok(AdmittedTenants {
+            now_ms: since_ms,
+            tenants: Vec::new(),
+        })
+    }
+
+    async fn drain(
+        &self,
+        ep: &Endpoint,
+        token: &str,
+        _grace_seconds: u64,
+    ) -> Result<DrainStatus, ControlError> {
+        self.world().drain_calls.push(ep.name.clone());
+        self.drain_status(ep, token).await
+    }
+
+    async fn drain_status(&self, ep: &Endpoint, _token: &str) -> Result<DrainStatus, ControlError> {
+        let drained = self.world().drained.contains(&ep.name);
+        Ok(DrainStatus {
+            state: if drained {
+                DrainState::Drained
+            } else {
+                DrainState::Draining
+            },
+            in_flight: u64::from(!drained),
+        })
+    }
+}
+
+impl RegistryStore for Fake {
+    async fn load(&self, _pool: &PoolRef) -> Result<Registry, RegistryError> {
+        Ok(Registry::default())
+    }
+
+    async fn save(&self, _pool: &PoolRef, _registry: &Registry) -> Result<(), RegistryError> {
+        Ok(())
+    }
+}
+
+fn spec() -> InferencePoolSpec {
+    serde_saphyr::from_str(
+        r#"
+model: {name: m, uri: "file:///m"}
+engine: {image: e, drainGracePeriod: 10m}
+replicas: {min: 1, max: 5}
+slo: {tokensPerSecondPerSession: 20, queueWaitP99: 1s, targetUtilization: 0.7}
+scaling: {interval: 1s, scaleDownStabilization: 0s, maxScaleDownStep: 1, capacityHintTokensPerSecond: 1000}
+"#,
+    )
+    .expect("spec")
+}
+
+type FakeDriver = Driver<Fake, Fake, Fake, Fake>;
+
+fn driver(world: &Fake) -> FakeDriver {
+    Driver::new(world.clone(), world.clone(), world.clone(), world.clone())
+}
+
+fn pool() -> PoolRef {
+    PoolRef {
+        namespace: "ns".into(),
+        name: "p".into(),
+    }
+}
+
+async fn tick(d: &mut FakeDriver, now: Millis) -> TickOutcome {
+    d.tick(&pool(), &spec(), None, &[], None, None, now)
+        .await
+        .expect("tick")
+}
+
+const T0: Millis = 1_700_000_000_000;
+
+#[tokio::test]
+async fn a_replica_is_removed_only_after_it_reports_drained() {
+    let world = Fake::with_replicas(3);
+    let mut d = driver(&world);
+    let first = tick(&mut d, T0).await;
+    assert!(
+        first.plan.replicas < 3,
+        "light load should scale down: {:?}",
+        first.plan
+    );
+    assert_eq!(
+        world.world().drain_calls,
+        ["e2"],
+        "newest replica drains first"
+    );
+    assert!(
+        world.world().applied.is_empty(),
+        "nothing removed before the drain ends"
+    );
+
+    let second = tick(&mut d, T0 + 1_000).await;
+    assert_eq!(second.draining, ["e2"]);
+    assert_eq!(world.world().drain_calls, ["e2"], "the drain is asked once");
+    assert!(world.world().applied.is_empty());
+
+    world.world().drained.push("e2".into());
+    tick(&mut d, T0 + 2_000).await;
+    assert_eq!(world.world().applied, [(2, vec!["e2".to_string()])]);
+    let names: Vec<String> = world
+        .world()
+        .endpoints
+        .iter()
+        .map(|e| e.name.clone())
+        .collect();
+    assert_eq!(names, ["e0", "e1"]);
+}
+
+#[tokio::test]
+async fn a_drain_victim_that_vanished_is_forgotten_and_another_drains() {
+    let world = Fake::with_replicas(3);
+    let mut d = driver(&world);
+    tick(&mut d, T0).await;
+    assert_eq!(world.world().drain_calls, ["e2"]);
+    {
+        // e2 crashes; the runtime replaces it with a new replica.
+        let mut w = world.world();
+        w.endpoints.retain(|e| e.name != "e2");
+        w.spawn();
+    }
+    let out = tick(&mut d, T0 + 1_000).await;
+    assert_eq!(out.draining, ["e3"], "the gone victim is not waited for");
+    assert_eq!(world.world().drain_calls, ["e2", "e3"]);
+    assert!(world.world().applied.is_empty());
+}
+
+#[tokio::test]
+async fn a_metrics_outage_removes_no_replica() {
+    let world = Fake::with_replicas(3);
+    world.world().metrics_down = true;
+    let mut d = driver(&world);
+    for i in 0..5 {
+        let out = tick(&mut d, T0 + i * 1_000).await;
+        assert_eq!(out.plan.replicas, 3);
+    }
+    assert!(world.world().drain_calls.is_empty());
+    assert!(world.world().applied.iter().all(|(n, _)| *n >= 3));
+}
