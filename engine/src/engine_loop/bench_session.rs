@@ -74,7 +74,16 @@ pub(super) async fn returning_session(
     }
     let restores_before = host_restores(metrics);
     let restored = one(Arc::clone(engine), req("s3", session())).await?;
-    let restores = host_restores(metrics) - restores_before;
+    // Counters are published at the end of the step that finished the request, which may be
+    // just after its last event reached us.
+    let mut restores = 0;
+    for _ in 0..50 {
+        restores = host_restores(metrics) - restores_before;
+        if restores > 0 {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
     anyhow::ensure!(
         restores == 1,
         "the returning session was not restored from host (host restores +{restores})"
