@@ -211,12 +211,16 @@ async fn user_loop(
                 // Honour Retry-After, capped so the demo keeps moving.
                 Duration::from_secs(retry.unwrap_or(1).clamp(1, 3))
             }
+            Err(e) if e.is_connect() => {
+                // The endpoint list is one tick old and this engine has left (drained, then
+                // stopped): nothing was sent. A gateway would route elsewhere; so does this
+                // client, at once (the next try takes the next endpoint).
+                tally.add(&format!("rerouted/engine_gone/{kind}"));
+                Duration::from_millis(20)
+            }
             Err(e) => {
-                let why = if e.is_timeout() {
-                    "timeout"
-                } else {
-                    "connection"
-                };
+                // Sent, then lost: the connection broke or timed out mid-request.
+                let why = if e.is_timeout() { "timeout" } else { "broken" };
                 tally.add(&format!("error/{why}/{kind}"));
                 Duration::from_millis(500)
             }
