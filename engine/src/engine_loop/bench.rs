@@ -24,7 +24,7 @@ use crate::bench_model::{measure_bandwidth, roofline_tokens_per_s};
 use crate::kernels::peak::fma_peak_flops;
 use crate::metrics::{Metrics, resident_memory_bytes};
 use crate::model::ModelFiles;
-use crate::runner::Runner;
+use crate::runner::PackedModel;
 
 /// Options of `tidegate-engine bench`.
 #[derive(Debug, Clone, clap::Args)]
@@ -84,15 +84,7 @@ pub fn run(args: &BenchArgs) -> anyhow::Result<()> {
     let files = ModelFiles::load(&args.model)
         .with_context(|| format!("loading {}", args.model.display()))?;
     let vocab = files.config.vocab_size;
-    let bytes_per_token = Runner::from_weights(
-        &files.weights,
-        &files.config,
-        crate::runner::RunnerConfig {
-            block_size: 16,
-            num_blocks: 1,
-        },
-    )?
-    .bytes_read_per_token();
+    let bytes_per_token = PackedModel::bytes_read_per_token(&files.config);
     let roofline = roofline_tokens_per_s(bw.read, bytes_per_token);
     // f32 weights: one multiply-add (two FLOPs) per weight read.
     let flops_per_token = bytes_per_token as f64 / 2.0;

@@ -32,10 +32,9 @@ pub(super) fn offload_policy(idle_ttl_s: u64) -> anyhow::Result<tidegate_api::Ti
     }))?)
 }
 
-fn host_restores(m: &Metrics) -> u64 {
-    m.restores
-        .get_or_create(&RestoreLabel { source: "host" })
-        .get()
+/// Returning sessions restored from `source` (host, disk or recompute) so far.
+pub(super) fn restores(m: &Metrics, source: &'static str) -> u64 {
+    m.restores.get_or_create(&RestoreLabel { source }).get()
 }
 
 fn offloads(m: &Metrics) -> u64 {
@@ -63,30 +62,23 @@ pub(super) async fn returning_session(
 
     // Let the idle session pass its TTL; the loop's idle tick offloads it to host RAM.
     let before = offloads(metrics);
-    let mut waited = Duration::ZERO;
-    while offloads(metrics) == before {
-        anyhow::ensure!(
-            waited < Duration::from_secs(10),
-            "the idle session was not offloaded within 10 s (offload counter stayed at {before})"
-        );
-        tokio::time::sleep(Duration::from_millis(100)).await;
-        waited += Duration::from_millis(100);
-    }
-    let restores_before = host_restores(metrics);
+    anyhow::ensure!(
+        poll_until(|| offloads(metrics) > before, Duration::from_secs(10)).await,
+        "the idle session was not offloaded within 10 s (offload counter stayed at {before})"
+    );
+    let restores_before = restores(metrics, "host");
     let restored = one(Arc::clone(engine), req("s3", session())).await?;
     // Counters are published at the end of the step that finished the request, which may be
     // just after its last event reached us.
-    let mut restores = 0;
-    for _ in 0..50 {
-        restores = host_restores(metrics) - restores_before;
-        if restores > 0 {
-            break;
-        }
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
+    poll_until(
+        || restores(metrics, "host") > restores_before,
+        Duration::from_secs(1),
+    )
+    .await;
+    let gained = restores(metrics, "host") - restores_before;
     anyhow::ensure!(
-        restores == 1,
-        "the returning session was not restored from host (host restores +{restores})"
+        gained == 1,
+        "the returning session was not restored from host (host restores +{gained})"
     );
     Ok(json!({
         "history_tokens": history,
@@ -95,4 +87,16 @@ pub(super) async fn returning_session(
         "restore_from_host_ttft_s": restored.ttft,
         "recompute_over_restore": recompute.ttft / restored.ttft,
     }))
+}
+
+/// Polls `done` every 20 ms until it holds (true) or `limit` has passed (false).
+async fn poll_until(mut done: impl FnMut() -> bool, limit: Duration) -> bool {
+    let deadline = tokio::time::Instant::now() + limit;
+    while !done() {
+        if tokio::time::Instant::now() >= deadline {
+            return false;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    true
 }

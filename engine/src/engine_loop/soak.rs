@@ -13,30 +13,19 @@ use std::time::{Duration, Instant};
 use serde_json::{Value, json};
 
 use super::bench_client::{one, prompt, request};
-use super::bench_session::SESSION_TIER;
+use super::bench_session::{SESSION_TIER, restores};
 use crate::backend::Engine;
 use crate::metrics::{Metrics, resident_memory_bytes};
+use crate::sampling::Rng;
 
 /// Tokens after which a conversation starts over as a new session.
 const MAX_HISTORY: usize = 768;
 /// Distinct conversations cycled through (more than fit in the device pool at once).
 const CONVERSATIONS: usize = 96;
 
-/// splitmix64: a small deterministic generator (the soak needs variety, not quality).
-struct Rng(u64);
-
-impl Rng {
-    fn next(&mut self) -> u64 {
-        self.0 = self.0.wrapping_add(0x9e37_79b9_7f4a_7c15);
-        let mut z = self.0;
-        z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
-        z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
-        z ^ (z >> 31)
-    }
-
-    fn below(&mut self, n: usize) -> usize {
-        (self.next() % n.max(1) as u64) as usize
-    }
+/// A uniform pick in `0..n` (the soak needs variety, not quality).
+fn below(rng: &mut Rng, n: usize) -> usize {
+    (rng.next_u64() % n.max(1) as u64) as usize
 }
 
 /// One conversation: its session id (renewed when the history is capped) and its tokens.
@@ -80,12 +69,12 @@ pub(super) async fn soak(
             let engine = Arc::clone(engine);
             let conversations = Arc::clone(&conversations);
             tokio::spawn(async move {
-                let mut rng = Rng(w as u64 * 7_919 + 1);
+                let mut rng = Rng::new(w as u64 * 7_919 + 1);
                 let (mut requests, mut tokens) = (0u64, 0u64);
                 while Instant::now() < deadline {
-                    let i = rng.below(CONVERSATIONS);
+                    let i = below(&mut rng, CONVERSATIONS);
                     let mut c = conversations[i].lock().await;
-                    let turn = 8 + rng.below(120);
+                    let turn = 8 + below(&mut rng, 120);
                     if c.history.len() + turn > MAX_HISTORY {
                         c.restarts += 1;
                         c.session = format!("soak-{i}-{}", c.restarts);
@@ -93,7 +82,7 @@ pub(super) async fn soak(
                     }
                     let salt = (i * 1_000 + c.restarts) * 1_000 + c.history.len();
                     c.history.extend(prompt(turn, salt, vocab));
-                    let out = 1 + rng.below(48) as u32;
+                    let out = 1 + below(&mut rng, 48) as u32;
                     let req = request(
                         format!("soak-{w}-{requests}"),
                         c.history.clone(),
@@ -128,20 +117,14 @@ pub(super) async fn soak(
     }
     let rss_end = resident_memory_bytes().unwrap_or(0);
     println!("soak: end RSS {} MiB", mib(rss_end));
-    let restores = |s| {
-        metrics
-            .restores
-            .get_or_create(&crate::metrics::RestoreLabel { source: s })
-            .get()
-    };
     Ok(json!({
         "seconds": seconds,
         "clients": workers,
         "requests": requests,
         "output_tokens": tokens,
-        "restores_host": restores("host"),
-        "restores_disk": restores("disk"),
-        "restores_recompute": restores("recompute"),
+        "restores_host": restores(metrics, "host"),
+        "restores_disk": restores(metrics, "disk"),
+        "restores_recompute": restores(metrics, "recompute"),
         "rss_start_mib": mib(rss_start),
         "rss_end_mib": mib(rss_end),
         "rss_samples": samples,

@@ -56,6 +56,11 @@ impl PackedMatrix {
         self.data.len() * 4
     }
 
+    /// Bytes an `[n, k]` matrix takes once packed (whole panels), without packing it.
+    pub fn bytes_for(n: usize, k: usize) -> usize {
+        n.div_ceil(NR) * k * NR * 4
+    }
+
     /// `y = x · wᵀ`; `x: [m, k]`, `y: [m, n]`.
     pub fn matmul(&self, x: &[f32], m: usize, y: &mut [f32]) {
         let (n, k) = (self.n, self.k);

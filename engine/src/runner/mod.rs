@@ -112,7 +112,7 @@ impl Runner {
 
     /// Weight bytes read by one decode step (the numerator of the batch-1 roofline).
     pub fn bytes_read_per_token(&self) -> usize {
-        self.model.bytes_read_per_token(self.cfg.hidden_size)
+        PackedModel::bytes_read_per_token(&self.cfg)
     }
 
     fn validate(&self, batch: &[SeqChunk<'_>]) -> Result<()> {

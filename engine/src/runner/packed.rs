@@ -85,9 +85,32 @@ impl PackedModel {
         })
     }
 
-    /// Bytes of weights read per decode step (every matrix once, plus one embedding row).
-    pub fn bytes_read_per_token(&self, hidden: usize) -> usize {
-        let layers: usize = self
+    /// Bytes of weights read per decode step (every matrix once, plus one embedding row),
+    /// from the shapes alone, so a caller can size a roofline without packing the model.
+    pub fn bytes_read_per_token(cfg: &LlamaConfig) -> usize {
+        let h = cfg.hidden_size;
+        let kvd = cfg.kv_heads() * cfg.head_dim();
+        let inter = cfg.intermediate_size;
+        let layer = 2 * h * 4
+            + PackedMatrix::bytes_for(h + 2 * kvd, h)
+            + PackedMatrix::bytes_for(h, h)
+            + PackedMatrix::bytes_for(2 * inter, h)
+            + PackedMatrix::bytes_for(h, inter);
+        cfg.num_hidden_layers * layer + 2 * h * 4 + PackedMatrix::bytes_for(cfg.vocab_size, h)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::model::random::{random_config, random_weights};
+
+    #[test]
+    fn bytes_per_token_from_shapes_match_the_packed_model() {
+        let cfg = random_config(300);
+        let m =
+            PackedModel::pack(&Weights::from_map(random_weights(&cfg, 1).unwrap()), &cfg).unwrap();
+        let packed: usize = m
             .layers
             .iter()
             .map(|l| {
@@ -97,7 +120,9 @@ impl PackedModel {
                     + l.w_gate_up.bytes()
                     + l.w_down.bytes()
             })
-            .sum();
-        layers + (self.norm.len() + hidden) * 4 + self.lm_head.bytes()
+            .sum::<usize>()
+            + (m.norm.len() + cfg.hidden_size) * 4
+            + m.lm_head.bytes();
+        assert_eq!(PackedModel::bytes_read_per_token(&cfg), packed);
     }
 }
