@@ -6,7 +6,7 @@
 
 use std::time::Instant;
 
-use super::{LEGEND, SimConfig, Trace, TraceKind, TraceReport, run_trace, table};
+use super::{LEGEND, SimConfig, Trace, TraceKind, TraceReport, run_trace, steady_state, table};
 
 #[derive(Debug, clap::Args)]
 pub struct Args {
@@ -82,6 +82,7 @@ pub fn simulate(args: &Args) -> anyhow::Result<()> {
     if args.json {
         println!("{}", serde_json::to_string_pretty(&reports)?);
     } else {
+        println!("{}\n", steady_state(&cfg).words(&cfg));
         println!("{LEGEND}");
         println!("total wall time {:.1}s", started.elapsed().as_secs_f64());
     }

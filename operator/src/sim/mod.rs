@@ -8,7 +8,8 @@
 //!   admitted tenants and the engines' admission gate; `pool`: pods with continuous batching
 //!   (batch-dependent inter-token latency), bounded tier-priority queues, a least-loaded
 //!   router, 2–7 min start-up and draining; `metrics`: Prometheus scrape and rate windows;
-//!   `policy`: the controllers; `run`: the event loop; `report`: outcomes and the table.
+//!   `policy`: the controllers; `run`: the event loop; `report`: outcomes and the table;
+//!   `steady`: what the pod model alone implies for GPU-hours, before any controller runs.
 //!
 //! Approximations, stated honestly:
 //! - Arrivals are drawn per one-second bucket (Poisson count, uniform offsets), not from a
@@ -34,6 +35,7 @@ mod pool;
 mod report;
 mod rng;
 mod run;
+mod steady;
 mod tenants;
 #[cfg(test)]
 mod tests;
@@ -46,6 +48,7 @@ pub use policy::{BaselineSettings, PolicyKind};
 pub use pool::PodModel;
 pub use report::{RunResult, table};
 pub use run::{RunOutput, TimePoint, run};
+pub use steady::{SteadyState, steady_state};
 pub use trace::{Trace, TraceKind};
 
 /// Everything a run is parameterised by, besides the trace and the policy.

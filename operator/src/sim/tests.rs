@@ -135,3 +135,17 @@ fn the_simulated_pool_spec_and_tiers_parse() {
     let tiers = tier_policy().expect("tiers");
     assert_eq!(tiers.tiers.len(), tenants::NTIERS);
 }
+
+#[test]
+fn gpu_hours_against_the_hpa_sit_at_the_pod_model_steady_state_floor() {
+    // The floor (0.82 for the default pod model) is what perfect tracking reaches; a small
+    // pool rounds up to whole pods, so it lands a few points above it, never far below.
+    let cfg = SimConfig::new(3, 0.05);
+    let floor = steady_state(&cfg).ratio;
+    let gpu_hours = |p| run_one(TraceKind::Tidal, p, &cfg).result.gpu_hours;
+    let ratio = gpu_hours(PolicyKind::Tidegate) / gpu_hours(PolicyKind::HpaGpu);
+    assert!(
+        (floor - 0.03..=floor + 0.06).contains(&ratio),
+        "tidegate ÷ HPA GPU-hours {ratio:.3}, steady-state floor {floor:.3}"
+    );
+}

@@ -1,0 +1,112 @@
+//! What the pod model alone says about GPU-hours, before any controller runs: how many pods a
+//! load needs when a pool is held exactly at tidegate's target, against one held exactly at
+//! the HPA's GPU-utilization target.
+//!
+//! By Little's law a pod serving `b` sequences completes work at `thr(b) = b ÷ itl(b)`
+//! tokens/s, so for the same arrivals the pods needed are inversely proportional to the
+//! throughput per pod at the occupancy each policy holds. tidegate holds `b = u × T ÷ r`
+//! sequences (demand = sessions × r at `u` of capacity T); the HPA holds the `b` where
+//! `thr(b) = u_hpa × T`. Their ratio is the floor of tidegate's GPU-hours against the HPA's
+//! on a slowly changing load: a controller that tracks demand perfectly reaches it, start-up,
+//! draining and bursts only add to it.
+//!
+//! Invariants: occupancies lie in (0, max batch]; the ratio is positive and finite.
+
+use super::SimConfig;
+use super::pool::PodModel;
+
+/// The steady-state comparison of one configuration.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct SteadyState {
+    /// Sequences per pod at tidegate's target utilization, and the tokens/s it delivers.
+    pub tidegate_batch: f64,
+    pub tidegate_tokens_per_second: f64,
+    /// Sequences per pod at the HPA's GPU-utilization target, and the tokens/s.
+    pub hpa_batch: f64,
+    pub hpa_tokens_per_second: f64,
+    /// tidegate's pods ÷ the HPA's pods for the same load.
+    pub ratio: f64,
+    /// The lowest targetUtilization at which the ratio is at most 0.8 (None: not reachable).
+    pub target_for_80_percent: Option<f64>,
+}
+
+fn itl(m: &PodModel, b: f64) -> f64 {
+    m.itl_base_s + m.itl_per_seq_s * b
+}
+
+fn throughput(m: &PodModel, b: f64) -> f64 {
+    b / itl(m, b)
+}
+
+/// The batch at which a pod delivers `tokens_per_second` (the inverse of `throughput`).
+fn batch_for(m: &PodModel, tokens_per_second: f64) -> Option<f64> {
+    let den = 1.0 - tokens_per_second * m.itl_per_seq_s;
+    let b = tokens_per_second * m.itl_base_s / den;
+    (den > 0.0 && b <= f64::from(m.max_batch)).then_some(b)
+}
+
+pub fn steady_state(cfg: &SimConfig) -> SteadyState {
+    let m = &cfg.model;
+    let cap = m.saturated_tokens_per_second();
+    let r = cfg.tokens_per_second_per_session;
+    let max_batch = f64::from(m.max_batch);
+    let tidegate_batch = (cfg.target_utilization * cap / r).min(max_batch);
+    let hpa_tokens_per_second = cfg.baselines.hpa_target_utilization * cap;
+    let hpa_batch = batch_for(m, hpa_tokens_per_second).unwrap_or(max_batch);
+    let tidegate_tokens_per_second = throughput(m, tidegate_batch);
+    let target_for_80_percent =
+        batch_for(m, hpa_tokens_per_second / 0.8).map(|b| (b * r / cap * 100.0).ceil() / 100.0);
+    SteadyState {
+        tidegate_batch,
+        tidegate_tokens_per_second,
+        hpa_batch,
+        hpa_tokens_per_second,
+        ratio: hpa_tokens_per_second / tidegate_tokens_per_second,
+        target_for_80_percent,
+    }
+}
+
+impl SteadyState {
+    /// One paragraph for under the tables.
+    pub fn words(&self, cfg: &SimConfig) -> String {
+        let reach = match self.target_for_80_percent {
+            Some(u) => format!("≤ 0.80× needs targetUtilization ≥ {u:.2}"),
+            None => "≤ 0.80× is out of reach at any targetUtilization".to_string(),
+        };
+        format!(
+            "steady state, from the pod model alone: at targetUtilization {:.2} a pod holds {:.1} \
+             sequences ({:.0} tok/s); at the HPA's {:.0}% GPU utilization it holds {:.1} ({:.0} tok/s). \
+             For the same load tidegate needs {:.2}× the HPA's pods before any dynamics; {reach}.",
+            cfg.target_utilization,
+            self.tidegate_batch,
+            self.tidegate_tokens_per_second,
+            cfg.baselines.hpa_target_utilization * 100.0,
+            self.hpa_batch,
+            self.hpa_tokens_per_second,
+            self.ratio,
+        )
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_default_pool_needs_82_percent_of_the_hpa_pods_and_080_needs_074() {
+        let cfg = SimConfig::new(1, 1.0);
+        let s = steady_state(&cfg);
+        // 11.2 sequences: 11.2 ÷ (20 ms + 1.875 ms × 11.2) = 273.2 tok/s.
+        assert!((s.tidegate_batch - 11.2).abs() < 1e-9);
+        assert!((s.tidegate_tokens_per_second - 273.17).abs() < 0.01);
+        // 224 tok/s = 70% of T: b = 224 × 0.02 ÷ (1 − 224 × 0.001875) = 7.72.
+        assert!((s.hpa_batch - 7.724).abs() < 0.001);
+        assert!((s.ratio - 0.82).abs() < 0.001, "{s:?}");
+        assert_eq!(s.target_for_80_percent, Some(0.74));
+        let mut at = cfg.clone();
+        at.target_utilization = 0.74;
+        assert!(steady_state(&at).ratio <= 0.8);
+        at.target_utilization = 0.73;
+        assert!(steady_state(&at).ratio > 0.8);
+    }
+}
