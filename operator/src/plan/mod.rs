@@ -86,7 +86,17 @@ pub struct PlanState {
     pub exhausted_since: Option<Millis>,
     /// Whether metrics were available at the previous tick (for transition events).
     pub metrics_were_available: Option<bool>,
+    /// Since when the ceiling's replicas have been requested while some are not ready.
+    pub ceiling_not_ready_since: Option<Millis>,
+    /// Whether the ReplicasNotReady warning was emitted for that stretch.
+    pub ceiling_not_ready_warned: bool,
 }
+
+/// How long replicas up to the ceiling may take to become ready before admission treats
+/// the ready ones as all the capacity the pool will get. Starting GPU pods (image pull,
+/// weight load) take minutes; one that has not become ready after this long is most likely
+/// unschedulable or crashing, and waiting for it would leave existing tenants unprotected.
+pub const STARTUP_GRACE_MS: Millis = 15 * 60 * 1000;
 
 /// Normal or Warning, as Kubernetes Events have it.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -276,8 +286,33 @@ pub fn plan(
 
     // Admission at the ceiling.
     // At the ceiling means ceiling replicas are running *and ready*: while some are still
-    // starting, the queue they will drain is no reason to pause new tenants.
-    let at_ceiling = desired >= ceil && current >= ceil && obs.ready_replicas >= ceil;
+    // starting, the queue they will drain is no reason to pause new tenants. Unless they
+    // have been starting for longer than any start-up takes: then the ready ones are all
+    // the pool has.
+    let requested_ceiling = desired >= ceil && current >= ceil;
+    let starting_at_ceiling = requested_ceiling && obs.ready_replicas < ceil;
+    if !starting_at_ceiling {
+        state.ceiling_not_ready_since = None;
+        state.ceiling_not_ready_warned = false;
+    }
+    let overdue = starting_at_ceiling
+        && now.saturating_sub(*state.ceiling_not_ready_since.get_or_insert(now))
+            >= STARTUP_GRACE_MS;
+    if overdue && !state.ceiling_not_ready_warned {
+        state.ceiling_not_ready_warned = true;
+        events.push(EventPlan {
+            kind: EventKind::Warning,
+            reason: "ReplicasNotReady",
+            note: format!(
+                "{} of {ceil} replicas not ready after {} at the ceiling: admission counts \
+                 the {} ready ones as the pool's capacity",
+                ceil - obs.ready_replicas,
+                Duration::from_millis(STARTUP_GRACE_MS),
+                obs.ready_replicas
+            ),
+        });
+    }
+    let at_ceiling = requested_ceiling && (obs.ready_replicas >= ceil || overdue);
     let pressure = measured.as_ref().map(|m| admission::Pressure::of(spec, m));
     let exhausted = at_ceiling && pressure.as_ref().is_some_and(|p| p.over_pause(spec));
     if exhausted {

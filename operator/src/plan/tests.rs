@@ -267,6 +267,41 @@ fn no_pause_while_ceiling_replicas_are_still_starting() {
 }
 
 #[test]
+fn replicas_that_never_become_ready_stop_holding_back_the_pause() {
+    let mut pool = Pool::new(spec(1, 3));
+    pool.replicas = 3;
+    // Three replicas requested, one never becomes ready (no GPU left to schedule it).
+    let grace_ticks = (super::STARTUP_GRACE_MS / TICK) as usize;
+    let mut warnings = 0;
+    let mut paused_at = None;
+    for i in 0..grace_ticks + 10 {
+        pool.now += TICK;
+        let obs = Observation {
+            now: pool.now,
+            current_replicas: 3,
+            ready_replicas: 2,
+            metrics: pool.metrics(300.0),
+        };
+        let p = super::plan(&pool.spec, Some(&pool.tiers), &obs, &mut pool.state);
+        warnings += p
+            .events
+            .iter()
+            .filter(|e| e.reason == "ReplicasNotReady" && e.kind == EventKind::Warning)
+            .count();
+        if p.admission.state == AdmissionState::PausedNewTenants && paused_at.is_none() {
+            paused_at = Some(i);
+        }
+    }
+    let paused_at = paused_at.expect("never paused");
+    // Not before the grace (15 min = 60 ticks) and pauseAfter (1 min = 4 ticks) have passed.
+    assert!(
+        (grace_ticks + 3..=grace_ticks + 5).contains(&paused_at),
+        "paused at tick {paused_at}"
+    );
+    assert_eq!(warnings, 1, "one warning per stretch");
+}
+
+#[test]
 fn load_between_thresholds_keeps_the_pause() {
     let mut pool = Pool::new(spec(1, 3));
     for _ in 0..10 {
