@@ -36,9 +36,9 @@ pub struct Queries {
     pub tokens_per_pod: String,
     /// Most requests waiting per pod during the window (saturation).
     pub max_waiting_per_pod: String,
-    /// Requests running per pod now (also: which pods report).
+    /// Requests running per pod, averaged over the window (also: which pods report).
     pub running_per_pod: String,
-    /// Requests waiting, pool-wide, now.
+    /// Requests waiting per pod, averaged over the window.
     pub waiting: String,
     /// p99 queue wait over the window, seconds.
     pub queue_wait_p99: String,
@@ -67,10 +67,15 @@ impl Queries {
             max_waiting_per_pod: format!(
                 "max by (pod, instance) (max_over_time(tidegate_engine_requests_waiting{{{sel}}}[{w}]))"
             ),
+            // Gauges are averaged over the same window as the rates: demand then moves with
+            // the decode rate it is compared to, and one scrape's noise does not scale a pool
+            // (the simulator's pipeline reads them the same way).
             running_per_pod: format!(
-                "sum by (pod, instance) (tidegate_engine_requests_running{{{sel}}})"
+                "sum by (pod, instance) (avg_over_time(tidegate_engine_requests_running{{{sel}}}[{w}]))"
             ),
-            waiting: format!("sum by (pod, instance) (tidegate_engine_requests_waiting{{{sel}}})"),
+            waiting: format!(
+                "sum by (pod, instance) (avg_over_time(tidegate_engine_requests_waiting{{{sel}}}[{w}]))"
+            ),
             queue_wait_p99: format!(
                 "histogram_quantile(0.99, sum by (le) (rate(tidegate_engine_queue_wait_seconds_bucket{{{sel}}}[{w}])))"
             ),
