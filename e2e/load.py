@@ -28,9 +28,18 @@ def targets(path):
     return [t for g in groups for t in g.get("targets", [])]
 
 
+class EngineGone(Exception):
+    """The target refused the connection: the engine already left, nothing was sent."""
+
+
 def request(target, tenant, tier, max_tokens, stream=False, timeout=60):
     host, port = target.rsplit(":", 1)
     conn = http.client.HTTPConnection(host, int(port), timeout=timeout)
+    try:
+        conn.connect()
+    except ConnectionRefusedError as e:
+        # The targets file lags the pool: a scaled-down engine is still listed for a moment.
+        raise EngineGone(target) from e
     body = json.dumps({
         "model": MODEL,
         "prompt": f"{tenant} says hello",
@@ -89,6 +98,9 @@ def run(args):
                         typ = "unknown"
                     count(f"refused/{resp.status}/{typ}/{kind}")
                     time.sleep(min(float(resp.getheader("retry-after") or 1), 2))
+            except EngineGone:
+                # Nothing was sent, so nothing was lost: try the next engine at once.
+                count(f"rerouted/engine_gone/{kind}")
             except (OSError, http.client.HTTPException) as e:
                 count(f"error/{type(e).__name__}/{kind}")
                 time.sleep(0.5)
@@ -134,7 +146,7 @@ def stream(args):
                 done = True
         print("ok" if done else "stream ended without [DONE]")
         sys.exit(0 if done else 1)
-    except (OSError, http.client.HTTPException) as e:
+    except (EngineGone, OSError, http.client.HTTPException) as e:
         print(f"error {type(e).__name__}: {e}")
         sys.exit(1)
 
