@@ -8,8 +8,13 @@
 //!   and at least every `PUSH_EVERY_MS`, so a restarted engine catches up within that time.
 //! - The registry is saved whenever it changed, before the tick reports success.
 //! - A failing engine admin call is logged and retried next tick; it never fails the tick.
+//! - Ticks of different pools run concurrently; ticks of one pool run one at a time (each
+//!   pool's memory has its own lock), so a slow pool never holds up the others.
 
 use std::collections::{BTreeMap, HashMap};
+use std::sync::{Arc, Mutex};
+
+use tokio::sync::Mutex as AsyncMutex;
 
 use tidegate_api::engine_admin::{AdmissionPush, ApiKeyEntry, DrainState, EnginePolicy};
 use tidegate_api::status::InferencePoolStatus;
@@ -72,7 +77,7 @@ pub struct Driver<W, M, E, R> {
     pub metrics: M,
     pub control: E,
     pub registry: R,
-    pools: HashMap<PoolRef, PoolMemory>,
+    pools: Mutex<HashMap<PoolRef, Arc<AsyncMutex<PoolMemory>>>>,
 }
 
 impl<W: WorkloadRuntime, M: MetricsSource, E: EngineControl, R: RegistryStore> Driver<W, M, E, R> {
@@ -82,19 +87,40 @@ impl<W: WorkloadRuntime, M: MetricsSource, E: EngineControl, R: RegistryStore> D
             metrics,
             control,
             registry,
-            pools: HashMap::new(),
+            pools: Mutex::new(HashMap::new()),
         }
     }
 
     /// Forgets a deleted pool.
-    pub fn forget(&mut self, pool: &PoolRef) {
-        self.pools.remove(pool);
+    pub fn forget(&self, pool: &PoolRef) {
+        self.pools
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .remove(pool);
+    }
+
+    /// The memory of one pool (created from the status an earlier operator wrote).
+    fn memory(
+        &self,
+        pool: &PoolRef,
+        previous: Option<&InferencePoolStatus>,
+    ) -> Arc<AsyncMutex<PoolMemory>> {
+        let mut pools = self.pools.lock().unwrap_or_else(|p| p.into_inner());
+        pools
+            .entry(pool.clone())
+            .or_insert_with(|| {
+                Arc::new(AsyncMutex::new(PoolMemory {
+                    plan: restore_plan_state(previous),
+                    ..PoolMemory::default()
+                }))
+            })
+            .clone()
     }
 
     /// One tick for one pool.
     #[allow(clippy::too_many_arguments)]
     pub async fn tick(
-        &mut self,
+        &self,
         pool: &PoolRef,
         spec: &InferencePoolSpec,
         tiers: Option<&TierPolicySpec>,
@@ -103,13 +129,9 @@ impl<W: WorkloadRuntime, M: MetricsSource, E: EngineControl, R: RegistryStore> D
         generation: Option<i64>,
         now: Millis,
     ) -> Result<TickOutcome, DriverError> {
-        let mem = self
-            .pools
-            .entry(pool.clone())
-            .or_insert_with(|| PoolMemory {
-                plan: restore_plan_state(previous),
-                ..PoolMemory::default()
-            });
+        let slot = self.memory(pool, previous);
+        let mut guard = slot.lock().await;
+        let mem = &mut *guard;
         let workload = self.runtime.observe(pool).await?;
         let token = self.runtime.admin_token(pool).await.unwrap_or_default();
         let metrics = self

@@ -1,5 +1,6 @@
 //! Driver scenarios over fake ports (no I/O): a replica is removed only after it drained, a
-//! drain victim that vanished is forgotten and replaced, and a metrics outage removes nothing.
+//! drain victim that vanished is forgotten and replaced, a metrics outage removes nothing, and
+//! one pool's hanging tick does not hold up another's.
 
 use std::sync::{Arc, Mutex, MutexGuard};
 
@@ -94,11 +95,15 @@ impl WorkloadRuntime for Fake {
 impl MetricsSource for Fake {
     async fn read(
         &self,
-        _pool: &PoolRef,
+        pool: &PoolRef,
         _spec: &InferencePoolSpec,
         endpoints: &[Endpoint],
         now_ms: u64,
     ) -> Result<PoolMetrics, MetricsProblem> {
+        if pool.name == "hangs" {
+            // A Prometheus that accepts the query and never answers.
+            std::future::pending::<()>().await;
+        }
         if self.world().metrics_down {
             return Err(MetricsProblem::Unreachable("connection refused".into()));
         }
@@ -199,7 +204,7 @@ fn pool() -> PoolRef {
     }
 }
 
-async fn tick(d: &mut FakeDriver, now: Millis) -> TickOutcome {
+async fn tick(d: &FakeDriver, now: Millis) -> TickOutcome {
     d.tick(&pool(), &spec(), None, &[], None, None, now)
         .await
         .expect("tick")
@@ -210,8 +215,8 @@ const T0: Millis = 1_700_000_000_000;
 #[tokio::test]
 async fn a_replica_is_removed_only_after_it_reports_drained() {
     let world = Fake::with_replicas(3);
-    let mut d = driver(&world);
-    let first = tick(&mut d, T0).await;
+    let d = driver(&world);
+    let first = tick(&d, T0).await;
     assert!(
         first.plan.replicas < 3,
         "light load should scale down: {:?}",
@@ -227,13 +232,13 @@ async fn a_replica_is_removed_only_after_it_reports_drained() {
         "nothing removed before the drain ends"
     );
 
-    let second = tick(&mut d, T0 + 1_000).await;
+    let second = tick(&d, T0 + 1_000).await;
     assert_eq!(second.draining, ["e2"]);
     assert_eq!(world.world().drain_calls, ["e2"], "the drain is asked once");
     assert!(world.world().applied.is_empty());
 
     world.world().drained.push("e2".into());
-    tick(&mut d, T0 + 2_000).await;
+    tick(&d, T0 + 2_000).await;
     assert_eq!(world.world().applied, [(2, vec!["e2".to_string()])]);
     let names: Vec<String> = world
         .world()
@@ -247,8 +252,8 @@ async fn a_replica_is_removed_only_after_it_reports_drained() {
 #[tokio::test]
 async fn a_drain_victim_that_vanished_is_forgotten_and_another_drains() {
     let world = Fake::with_replicas(3);
-    let mut d = driver(&world);
-    tick(&mut d, T0).await;
+    let d = driver(&world);
+    tick(&d, T0).await;
     assert_eq!(world.world().drain_calls, ["e2"]);
     {
         // e2 crashes; the runtime replaces it with a new replica.
@@ -256,7 +261,7 @@ async fn a_drain_victim_that_vanished_is_forgotten_and_another_drains() {
         w.endpoints.retain(|e| e.name != "e2");
         w.spawn();
     }
-    let out = tick(&mut d, T0 + 1_000).await;
+    let out = tick(&d, T0 + 1_000).await;
     assert_eq!(out.draining, ["e3"], "the gone victim is not waited for");
     assert_eq!(world.world().drain_calls, ["e2", "e3"]);
     assert!(world.world().applied.is_empty());
@@ -266,11 +271,31 @@ async fn a_drain_victim_that_vanished_is_forgotten_and_another_drains() {
 async fn a_metrics_outage_removes_no_replica() {
     let world = Fake::with_replicas(3);
     world.world().metrics_down = true;
-    let mut d = driver(&world);
+    let d = driver(&world);
     for i in 0..5 {
-        let out = tick(&mut d, T0 + i * 1_000).await;
+        let out = tick(&d, T0 + i * 1_000).await;
         assert_eq!(out.plan.replicas, 3);
     }
     assert!(world.world().drain_calls.is_empty());
     assert!(world.world().applied.iter().all(|(n, _)| *n >= 3));
+}
+
+#[tokio::test]
+async fn a_pool_whose_metrics_hang_does_not_hold_up_another_pool() {
+    let world = Fake::with_replicas(2);
+    let d = driver(&world);
+    let hangs = PoolRef {
+        namespace: "ns".into(),
+        name: "hangs".into(),
+    };
+    let spec = spec();
+    let stuck = d.tick(&hangs, &spec, None, &[], None, None, T0);
+    let other = tokio::time::timeout(std::time::Duration::from_secs(5), tick(&d, T0));
+    tokio::select! {
+        _ = stuck => panic!("a metrics read that never answers finished"),
+        out = other => {
+            let out = out.expect("the other pool ticked while the first one hung");
+            assert_eq!(out.workload.replicas, Some(2));
+        }
+    }
 }

@@ -26,7 +26,6 @@ use tidegate_api::conditions::{reasons, status as cstatus, types};
 use tidegate_api::engine_admin::ApiKeyEntry;
 use tidegate_api::status::InferencePoolStatus;
 use tidegate_api::{InferencePool, TierPolicy, TierPolicySpec};
-use tokio::sync::Mutex as AsyncMutex;
 use tracing::{info, warn};
 
 use super::api_keys::parse_api_keys;
@@ -89,7 +88,7 @@ struct PoolBook {
 /// Everything reconcile needs.
 pub struct Context<W, M, E, R> {
     pub client: Client,
-    pub driver: AsyncMutex<Driver<W, M, E, R>>,
+    pub driver: Driver<W, M, E, R>,
     pub owners: OwnerBook,
     pub events: EventSink,
     pub metrics: Arc<OperatorMetrics>,
@@ -118,7 +117,7 @@ where
     ) -> Self {
         Context {
             client,
-            driver: AsyncMutex::new(driver),
+            driver,
             owners,
             events,
             metrics,
@@ -142,7 +141,7 @@ where
 
     /// Forgets a deleted pool everywhere.
     pub async fn forget(&self, pool: &PoolRef) {
-        self.driver.lock().await.forget(pool);
+        self.driver.forget(pool);
         self.owners.forget(pool);
         self.metrics.forget(pool);
         let mut books = self.books.lock().unwrap_or_else(|p| p.into_inner());
@@ -293,7 +292,7 @@ where
     let now = (ctx.clock)();
     let previous = pool.status.as_ref();
     let (outcome, reapplied) = {
-        let mut driver = ctx.driver.lock().await;
+        let driver = &ctx.driver;
         let outcome = driver
             .tick(
                 &pref,

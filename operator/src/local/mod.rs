@@ -132,7 +132,7 @@ pub async fn run(args: LocalArgs) -> anyhow::Result<()> {
         extra_args: Vec::new(),
         file_sd_path: None,
     });
-    let mut driver = Driver::new(
+    let driver = Driver::new(
         runtime,
         DirectMetrics::new(),
         HttpEngineControl::new(),
