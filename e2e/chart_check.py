@@ -205,7 +205,7 @@ def invariants(rendered: str, mode: str) -> None:
         ("apps", "deployments"): {"get", "list", "watch", "create", "patch", "delete"},
         ("", "services"): {"get", "list", "watch", "create", "patch"},
         ("", "secrets"): {"get", "list", "watch", "create", "patch"},
-        ("", "configmaps"): {"get", "list", "watch", "create", "patch"},
+        ("", "configmaps"): {"get", "list", "watch", "create", "patch", "delete"},
         ("policy", "poddisruptionbudgets"): {"get", "list", "watch", "create", "patch"},
         ("", "pods"): {"get", "list", "watch", "patch"},
         ("", "events"): {"create", "patch"},

@@ -85,11 +85,15 @@ grant exactly the same thing.
 - apiGroups: ["apps"]
   resources: ["deployments"]
   verbs: ["get", "list", "watch", "create", "patch", "delete"]
-# The engine Service, the admin-token Secret and the tenant-registry ConfigMap of each pool.
-# Secrets are also read for TierPolicy API keys (spec.tenancy.apiKeys.secretName).
+# The engine Service and the admin-token Secret of each pool. Secrets are also read for
+# TierPolicy API keys (spec.tenancy.apiKeys.secretName).
 - apiGroups: [""]
-  resources: ["services", "secrets", "configmaps"]
+  resources: ["services", "secrets"]
   verbs: ["get", "list", "watch", "create", "patch"]
+# The tenant-registry ConfigMaps of each pool (delete: shards left by a registry that shrank).
+- apiGroups: [""]
+  resources: ["configmaps"]
+  verbs: ["get", "list", "watch", "create", "patch", "delete"]
 # A PodDisruptionBudget per pool.
 - apiGroups: ["policy"]
   resources: ["poddisruptionbudgets"]

@@ -8,9 +8,10 @@
 //! a warning rather than blocking the pool: engines re-report the tenants they admitted
 //! (their watermarks are gone too), so only tenants known solely from removed engines are
 //! lost. Shards left over from an earlier, larger registry are ignored (the head's count
-//! says how many to read).
+//! says how many to read) and deleted once the smaller head is written.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, HashMap};
+use std::sync::Mutex;
 
 use k8s_openapi::api::core::v1::ConfigMap;
 use kube::api::Patch;
@@ -92,11 +93,22 @@ fn part_bytes(cm: &ConfigMap) -> Vec<u8> {
 pub struct ConfigMapRegistry {
     client: Client,
     owners: OwnerBook,
+    /// Parts each pool's registry has on the server, as last read or written.
+    parts: Mutex<HashMap<PoolRef, usize>>,
 }
 
 impl ConfigMapRegistry {
     pub fn new(client: Client, owners: OwnerBook) -> Self {
-        ConfigMapRegistry { client, owners }
+        ConfigMapRegistry {
+            client,
+            owners,
+            parts: Mutex::new(HashMap::new()),
+        }
+    }
+
+    fn remember_parts(&self, pool: &PoolRef, parts: usize) -> Option<usize> {
+        let mut known = self.parts.lock().unwrap_or_else(|p| p.into_inner());
+        known.insert(pool.clone(), parts)
     }
 }
 
@@ -112,11 +124,13 @@ impl RegistryStore for ConfigMapRegistry {
             .await
             .map_err(|e| rerr("reading the registry", pool, e))?
         else {
+            self.remember_parts(pool, 0);
             return Ok(Registry::default());
         };
         let parts: usize = annotation(&head, PARTS_ANNOTATION)
             .and_then(|p| p.parse().ok())
             .unwrap_or(1);
+        self.remember_parts(pool, parts);
         let digest = annotation(&head, DIGEST_ANNOTATION).map(str::to_string);
         let mut bytes = part_bytes(&head);
         let mut consistent = true;
@@ -162,6 +176,20 @@ impl RegistryStore for ConfigMapRegistry {
             api.patch(&name, &apply_params(), &Patch::Apply(cm))
                 .await
                 .map_err(|e| rerr("writing the registry", pool, e))?;
+        }
+        // The head now says how many parts there are; shards past that are left-overs of a
+        // larger registry. A failed delete is retried after the next save.
+        let before = self.remember_parts(pool, maps.len()).unwrap_or(0);
+        for i in maps.len().max(1)..before {
+            let name = part_name(&pool.name, i);
+            match api.delete(&name, &Default::default()).await {
+                Ok(_) => info!(pool = %pool, shard = %name, "deleted a left-over registry shard"),
+                Err(kube::Error::Api(e)) if e.code == 404 => {}
+                Err(e) => {
+                    warn!(pool = %pool, shard = %name, error = %e, "could not delete a left-over registry shard");
+                    self.remember_parts(pool, before);
+                }
+            }
         }
         Ok(())
     }
