@@ -6,7 +6,7 @@
 
 use std::time::Instant;
 
-use super::{LEGEND, SimConfig, Trace, TraceKind, TraceReport, run_trace, steady_state, table};
+use super::{SimConfig, Trace, TraceKind, TraceReport, legend, run_trace, steady_state, table};
 
 #[derive(Debug, clap::Args)]
 pub struct Args {
@@ -28,6 +28,9 @@ pub struct Args {
     /// slo.targetUtilization of tidegate's pool (sensitivity; the API default is 0.7).
     #[arg(long, default_value_t = 0.7)]
     pub target_utilization: f64,
+    /// The HPA baselines' utilization target (sensitivity: compare at equal attainment).
+    #[arg(long, default_value_t = 0.7)]
+    pub hpa_target_utilization: f64,
     /// Worker threads (one run per policy each).
     #[arg(long, default_value_t = 2)]
     pub threads: usize,
@@ -49,8 +52,15 @@ pub fn simulate(args: &Args) -> anyhow::Result<()> {
             args.target_utilization
         );
     }
+    if !(0.1..=1.0).contains(&args.hpa_target_utilization) {
+        anyhow::bail!(
+            "--hpa-target-utilization must be in [0.1, 1], got {}",
+            args.hpa_target_utilization
+        );
+    }
     let mut cfg = SimConfig::new(args.seed, args.scale);
     cfg.target_utilization = args.target_utilization;
+    cfg.baselines.hpa_target_utilization = args.hpa_target_utilization;
     let started = Instant::now();
     let mut reports = Vec::new();
     for kind in kinds {
@@ -83,7 +93,7 @@ pub fn simulate(args: &Args) -> anyhow::Result<()> {
         println!("{}", serde_json::to_string_pretty(&reports)?);
     } else {
         println!("{}\n", steady_state(&cfg).words(&cfg));
-        println!("{LEGEND}");
+        println!("{}", legend(&cfg));
         println!("total wall time {:.1}s", started.elapsed().as_secs_f64());
     }
     Ok(())

@@ -192,8 +192,11 @@ pub struct TraceReport {
     pub results: Vec<RunResult>,
 }
 
-/// Legend printed under the tables.
-pub const LEGEND: &str = "\
+/// Legend printed under the tables, with the settings of this run.
+pub fn legend(cfg: &SimConfig) -> String {
+    let hpa = cfg.baselines.hpa_target_utilization * 100.0;
+    format!(
+        "\
 attainment: requests that started decoding within their tier's queue-wait target \
 (enterprise 500ms, standard 2s, free 5s) / (started + refused for overload); \
 existing = tenant admitted within the 24h memory window, new = not; \
@@ -203,10 +206,15 @@ scales: control ticks that changed the replica count; GPU-h includes start-up an
 pool: 1 GPU/pod, max batch 16, ITL 20ms + 1.875ms × batch (T = 320 tok/s), queue 64/pod, \
 start-up 2–7 min, scrape 15s, rate window 1m, least-loaded routing.
 tidegate: the operator's planner on an InferencePool with slo r = 20 tok/s, queueWaitP99 1s, \
-targetUtilization 0.7, no capacity hint; pause ≥ 0.95, resume < 0.8, pauseAfter 1m, holdTime 5m; \
+targetUtilization {tidegate}, no capacity hint; pause ≥ 0.95, resume < 0.8, pauseAfter 1m, holdTime 5m; \
 tiers enterprise (never paused) > standard > free.
 hpa-*: Kubernetes HPA algorithm and default behaviour (15s sync, 10% tolerance, up max(100%, 4 pods) \
 per sync, down to the highest recommendation of 300s; starting pods count as 0 when scaling up), \
-target 70% of GPU utilization (decode tokens/s ÷ T per pod) or of KV/batch occupancy (running ÷ \
-max batch). keda-queue: HPA on sum(num_requests_waiting) with AverageValue 5 per pod. \
-oracle: the trace's expected rate 7 min ahead, 95% batch occupancy, no stabilization.";
+target {hpa:.0}% of GPU utilization (decode tokens/s ÷ T per pod) or of KV/batch occupancy (running ÷ \
+max batch). keda-queue: HPA on sum(num_requests_waiting) with AverageValue {keda} per pod. \
+oracle: the trace's expected rate 7 min ahead, {oracle:.0}% batch occupancy, no stabilization.",
+        tidegate = cfg.target_utilization,
+        keda = cfg.baselines.keda_waiting_per_pod,
+        oracle = cfg.baselines.oracle_occupancy * 100.0,
+    )
+}
