@@ -102,6 +102,19 @@ impl Pool {
         self.plans.last().expect("just pushed")
     }
 
+    /// One tick with only `ready` of the replicas ready (the rest still starting); the
+    /// replica count stays as it is.
+    fn tick_starting(&mut self, sessions: f64, ready: i32) -> Plan {
+        self.now += TICK;
+        let obs = Observation {
+            now: self.now,
+            current_replicas: self.replicas,
+            ready_replicas: ready,
+            metrics: self.metrics(sessions),
+        };
+        super::plan(&self.spec, Some(&self.tiers), &obs, &mut self.state)
+    }
+
     fn scale_events(&self) -> usize {
         self.plans
             .iter()
@@ -246,14 +259,7 @@ fn no_pause_while_ceiling_replicas_are_still_starting() {
     pool.replicas = 3;
     // Three replicas requested, two ready: over the SLO, but capacity is on its way.
     for _ in 0..20 {
-        pool.now += TICK;
-        let obs = Observation {
-            now: pool.now,
-            current_replicas: 3,
-            ready_replicas: 2,
-            metrics: pool.metrics(300.0),
-        };
-        let p = super::plan(&pool.spec, Some(&pool.tiers), &obs, &mut pool.state);
+        let p = pool.tick_starting(300.0, 2);
         assert_eq!(p.admission.state, AdmissionState::Open);
     }
     // Once all three are ready and it is still over, the pause comes after pauseAfter.
@@ -275,14 +281,7 @@ fn replicas_that_never_become_ready_stop_holding_back_the_pause() {
     let mut warnings = 0;
     let mut paused_at = None;
     for i in 0..grace_ticks + 10 {
-        pool.now += TICK;
-        let obs = Observation {
-            now: pool.now,
-            current_replicas: 3,
-            ready_replicas: 2,
-            metrics: pool.metrics(300.0),
-        };
-        let p = super::plan(&pool.spec, Some(&pool.tiers), &obs, &mut pool.state);
+        let p = pool.tick_starting(300.0, 2);
         warnings += p
             .events
             .iter()
