@@ -512,6 +512,47 @@ async fn drain_finishes_in_flight_refuses_new_and_stops() {
 }
 
 #[tokio::test]
+async fn a_connection_accepted_before_the_drain_completes_still_gets_an_answer() {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let mut h = default_harness().await;
+    let addr = h.base.trim_start_matches("http://").to_string();
+    // A client has connected; its request is still on its way.
+    let mut early = tokio::net::TcpStream::connect(&addr).await.unwrap();
+    tokio::time::sleep(Duration::from_millis(50)).await;
+    // Nothing in flight: the drain completes at once.
+    let resp = h
+        .client
+        .post(format!("{}/admin/v1/drain", h.admin))
+        .header("authorization", format!("Bearer {TOKEN}"))
+        .body(r#"{"graceSeconds": 30}"#)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(resp.status(), 202);
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    // The port is closed: a client that still lists this engine is refused and goes elsewhere.
+    assert!(tokio::net::TcpStream::connect(&addr).await.is_err());
+    // The early connection's request is answered (503 draining), not dropped unanswered.
+    let body = r#"{"prompt": "late", "max_tokens": 4}"#;
+    let request = format!(
+        "POST /v1/completions HTTP/1.1\r\nhost: {addr}\r\ncontent-type: application/json\r\n\
+         content-length: {}\r\nconnection: close\r\n\r\n{body}",
+        body.len()
+    );
+    early.write_all(request.as_bytes()).await.unwrap();
+    let mut answer = String::new();
+    early.read_to_string(&mut answer).await.unwrap();
+    assert!(answer.starts_with("HTTP/1.1 503"), "{answer:?}");
+    assert!(answer.contains("draining"), "{answer}");
+
+    let server = h.server.take().unwrap();
+    tokio::time::timeout(Duration::from_secs(10), server.wait())
+        .await
+        .expect("server stops after draining")
+        .expect("clean stop");
+}
+
+#[tokio::test]
 async fn vanished_client_frees_engine_resources() {
     let fake = FakeConfig {
         token_delay: Duration::from_millis(5),

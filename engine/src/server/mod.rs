@@ -9,6 +9,7 @@
 
 pub mod admin;
 pub mod cli;
+mod closing_listener;
 pub mod completions;
 pub mod drain;
 pub mod error;
@@ -177,9 +178,15 @@ pub fn start(
     let limit = DefaultBodyLimit::max(state.config.max_body_bytes);
     let api_router = api_router(Arc::clone(&state)).layer(limit);
     let drain = Arc::clone(&state.drain);
+    // The port closes when the drain completes; connections accepted before are served
+    // a moment longer (see closing_listener).
+    let api = closing_listener::ClosingListener::new(api, Arc::clone(&drain))?;
     let api_server = axum::serve(api, api_router).with_graceful_shutdown({
         let drain = Arc::clone(&drain);
-        async move { drain.drained().await }
+        async move {
+            drain.drained().await;
+            tokio::time::sleep(closing_listener::LINGER).await;
+        }
     });
     let admin_server = admin.map(|listener| {
         let router = admin::router(Arc::clone(&state)).layer(limit);
