@@ -285,34 +285,7 @@ pub fn plan(
     }
 
     // Admission at the ceiling.
-    // At the ceiling means ceiling replicas are running *and ready*: while some are still
-    // starting, the queue they will drain is no reason to pause new tenants. Unless they
-    // have been starting for longer than any start-up takes: then the ready ones are all
-    // the pool has.
-    let requested_ceiling = desired >= ceil && current >= ceil;
-    let starting_at_ceiling = requested_ceiling && obs.ready_replicas < ceil;
-    if !starting_at_ceiling {
-        state.ceiling_not_ready_since = None;
-        state.ceiling_not_ready_warned = false;
-    }
-    let overdue = starting_at_ceiling
-        && now.saturating_sub(*state.ceiling_not_ready_since.get_or_insert(now))
-            >= STARTUP_GRACE_MS;
-    if overdue && !state.ceiling_not_ready_warned {
-        state.ceiling_not_ready_warned = true;
-        events.push(EventPlan {
-            kind: EventKind::Warning,
-            reason: "ReplicasNotReady",
-            note: format!(
-                "{} of {ceil} replicas not ready after {} at the ceiling: admission counts \
-                 the {} ready ones as the pool's capacity",
-                ceil - obs.ready_replicas,
-                Duration::from_millis(STARTUP_GRACE_MS),
-                obs.ready_replicas
-            ),
-        });
-    }
-    let at_ceiling = requested_ceiling && (obs.ready_replicas >= ceil || overdue);
+    let at_ceiling = at_ceiling(obs, desired, ceil, state, &mut events);
     let pressure = measured.as_ref().map(|m| admission::Pressure::of(spec, m));
     let exhausted = at_ceiling && pressure.as_ref().is_some_and(|p| p.over_pause(spec));
     if exhausted {
@@ -371,6 +344,43 @@ pub fn plan(
         events,
         explanation,
     }
+}
+
+/// Whether the pool is at its ceiling, for admission. At the ceiling means the ceiling's
+/// replicas are running *and ready*: while some are still starting, the queue they will
+/// drain is no reason to pause new tenants. Unless they have been starting for longer than
+/// any start-up takes (`STARTUP_GRACE_MS`): then the ready ones are all the pool has, and a
+/// ReplicasNotReady warning says so once.
+fn at_ceiling(
+    obs: &Observation,
+    desired: i32,
+    ceil: i32,
+    state: &mut PlanState,
+    events: &mut Vec<EventPlan>,
+) -> bool {
+    let requested = desired >= ceil && obs.current_replicas >= ceil;
+    if !requested || obs.ready_replicas >= ceil {
+        state.ceiling_not_ready_since = None;
+        state.ceiling_not_ready_warned = false;
+        return requested;
+    }
+    let since = *state.ceiling_not_ready_since.get_or_insert(obs.now);
+    let overdue = obs.now.saturating_sub(since) >= STARTUP_GRACE_MS;
+    if overdue && !state.ceiling_not_ready_warned {
+        state.ceiling_not_ready_warned = true;
+        events.push(EventPlan {
+            kind: EventKind::Warning,
+            reason: "ReplicasNotReady",
+            note: format!(
+                "{} of {ceil} replicas not ready after {} at the ceiling: admission counts \
+                 the {} ready ones as the pool's capacity",
+                ceil - obs.ready_replicas,
+                Duration::from_millis(STARTUP_GRACE_MS),
+                obs.ready_replicas
+            ),
+        });
+    }
+    overdue
 }
 
 /// Metrics that are present and fresh enough to act on.
