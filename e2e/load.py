@@ -5,6 +5,7 @@ Engines are found in the Prometheus file_sd targets file the operator's local ru
 writes. Tenants are identified with the trusted-gateway headers. Standard library only.
 
   load.py run --targets F --out stats.json --users 40 --base-users 8 --duration 120 --stop-file F
+              [--errors-out errors.txt]
   load.py probe --targets F --tenant T --tier free        # prints "STATUS TYPE RETRY_AFTER"
   load.py stream --targets F --index I --tokens N          # prints "ok" after [DONE], else the error
 """
@@ -62,12 +63,15 @@ def tier_of(i):
 
 def run(args):
     stats = {}
+    errors = []
     lock = threading.Lock()
     start = time.time()
 
     def count(key):
         with lock:
             stats[key] = stats.get(key, 0) + 1
+            if key.startswith("error/"):
+                errors.append((time.time(), key))
 
     def user(i):
         existing = i < args.base_users
@@ -112,6 +116,11 @@ def run(args):
         t.join()
     with open(args.out, "w") as f:
         json.dump(stats, f, indent=1, sort_keys=True)
+    if args.errors_out:
+        # When each request was lost (Unix seconds), to tell a deliberate kill from a bug.
+        with open(args.errors_out, "w") as f:
+            for at, key in sorted(errors):
+                f.write(f"{at:.3f} {key}\n")
 
 
 def probe(args):
@@ -157,6 +166,7 @@ def main():
     r = sub.add_parser("run")
     r.add_argument("--targets", required=True)
     r.add_argument("--out", required=True)
+    r.add_argument("--errors-out", help="file for the time and kind of each lost request")
     r.add_argument("--users", type=int, default=40)
     r.add_argument("--base-users", type=int, default=8)
     r.add_argument("--tokens", type=int, default=24)

@@ -5,7 +5,8 @@
 #
 # Steps: pool min 1 / max 3 → Ready → load from several tenants → 3 replicas → admission
 # paused (kubectl shows it) → new tenant of a pausable tier 503 with the reason, existing
-# tenant 200 → an engine killed mid-stream (other streams finish, the pool recovers) →
+# tenant 200 → an engine killed mid-stream (other streams finish, the pool recovers; the load
+# loses no request except those in flight on it) →
 # Prometheus stopped (no scale-down, MetricsAvailable=False) and restarted → load stops →
 # admission reopens after the hold time → scale-down drains; in-flight streams complete.
 set -uo pipefail
@@ -143,7 +144,8 @@ wait_for "an engine comes up and the pool becomes Ready" 120 bash -c "[ \"\$(kub
 
 # --- Load from several tenants and tiers; existing tenants first.
 python3 e2e/load.py run --targets "$TARGETS" --out "$WORK/load.json" --users 48 --base-users 9 \
-    --tokens 32 --duration 400 --ramp-start 6 --ramp-step 0.2 --stop-file "$WORK/stop-load" &
+    --tokens 32 --duration 400 --ramp-start 6 --ramp-step 0.2 --stop-file "$WORK/stop-load" \
+    --errors-out "$WORK/load-errors.txt" &
 LOAD_PID=$!
 PIDS+=("$LOAD_PID")
 
@@ -174,6 +176,7 @@ sleep 0.3
 victim_port=$(python3 -c "import json;print(json.load(open('$TARGETS'))[0]['targets'][0].split(':')[1])")
 victim_pid=$(pgrep -f -- "--listen 127.0.0.1:$victim_port" | head -1)
 if [ -n "$victim_pid" ]; then
+    KILLED_AT=$(date +%s.%N)
     kill -9 "$victim_pid" && pass "engine on :$victim_port killed mid-stream (pid $victim_pid)"
 else
     fail "found the engine process to kill" "port $victim_port"
@@ -228,6 +231,16 @@ wait_for "the removed engines were asked to drain and left only when drained" 90
 wait_for "admission reopens after the hold time" 90 is '{.status.admission.state}' Open
 
 echo "       load outcomes: $(tr -d '\n ' <"$WORK/load.json")"
+# The only requests the load may lose are those in flight on the engine killed on purpose.
+lost=$(grep -c . "$WORK/load-errors.txt" || true)
+stray=$(python3 -c "
+import sys
+killed = float(sys.argv[1] or 0)
+lines = [l.split() for l in open(sys.argv[2]) if l.strip()]
+print(sum(1 for at, _ in lines if not killed - 1 <= float(at) <= killed + 5))
+" "${KILLED_AT:-}" "$WORK/load-errors.txt")
+[ "$stray" = 0 ] && pass "requests lost only on the killed engine ($lost, all within 5 s of the kill)" ||
+    fail "requests lost only on the killed engine" "$stray of $lost lost away from the kill: $(cat "$WORK/load-errors.txt")"
 grep -q '"served/existing"' "$WORK/load.json" && pass "existing tenants were served under load" || fail "existing tenants were served under load"
 kubectl -n "$NS" get inferencepools | sed 's/^/       | /'
 summary
