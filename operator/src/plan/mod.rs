@@ -226,7 +226,7 @@ pub fn plan(
             (manual, format!("manual mode holds {manual} replicas"))
         }
         (Some(m), _) => {
-            let (raw, why) = replicas::required(spec, m, current, ceil);
+            let (raw, why) = replicas::required(spec, m, current, obs.ready_replicas, ceil);
             state.recommendations.record(now, raw);
             let stabilized = replicas::stabilize(spec, &state.recommendations, now, current, raw);
             (stabilized, why)
@@ -418,8 +418,13 @@ fn measure(
     cap: &CapacityModel,
     ready: i32,
 ) -> MeasuredPlan {
-    let per_replica = cap.per_replica();
-    let demand = (m.running + m.waiting) * spec.slo.tokens_per_second_per_session;
+    let r = spec.slo.tokens_per_second_per_session;
+    // Demand counts sessions × r, and a replica holds at most maxBatchSize sessions: however
+    // many tokens/s it could produce, it serves at most maxBatchSize × r of that demand.
+    let per_replica = cap
+        .per_replica()
+        .min(f64::from(spec.engine.max_batch_size.max(1)) * r);
+    let demand = (m.running + m.waiting) * r;
     let serving = ready.max(m.pods_reporting).max(1) as f64;
     MeasuredPlan {
         decode_tokens_per_second: m.decode_tokens_per_second,

@@ -2,7 +2,8 @@
 //!
 //! required = ceil(demand ÷ (capacity × target utilization)), held at the current count
 //! while demand is within ±10% of what it serves at the target, raised by at least one
-//! replica while p99 queue wait exceeds its target, bounded by [min, ceiling]. The
+//! replica while p99 queue wait exceeds its target and no replica is on its way (a replica
+//! still starting is the raise of an earlier tick), bounded by [min, ceiling]. The
 //! stabilized value scales up to the lowest recommendation within the scale-up window
 //! (0s: at once) and down only to the highest recommendation within the scale-down window,
 //! so a steady load never flaps; each move is limited by the max step.
@@ -51,6 +52,7 @@ pub fn required(
     spec: &InferencePoolSpec,
     m: &MeasuredPlan,
     current: i32,
+    ready: i32,
     ceiling: i32,
 ) -> (i32, String) {
     let per_replica = m.per_replica_capacity * spec.slo.target_utilization;
@@ -78,8 +80,11 @@ pub fn required(
         }
     }
     let target = spec.slo.queue_wait_p99.as_secs_f64();
-    if m.queue_wait_p99.as_secs_f64() > target && current < ceiling {
-        // Queue wait says we are short even if the demand estimate does not.
+    // Queue wait says we are short even if the demand estimate does not. While replicas
+    // are starting, the queue they will drain is no new evidence: raising again on every
+    // tick until they are ready would add one replica per interval for the whole start-up.
+    let over = m.queue_wait_p99.as_secs_f64() > target;
+    if over && current < ceiling && ready >= current {
         let raised = current + 1;
         if raised > wanted {
             wanted = raised;
@@ -88,6 +93,15 @@ pub fn required(
                 m.queue_wait_p99, spec.slo.queue_wait_p99
             );
         }
+    } else if over && ready < current {
+        // Not raised, but never lowered while the queue says we are short.
+        wanted = wanted.max(current);
+        why = format!(
+            "{why}; queue p99 {} over target {}, not raised: {} replicas still starting",
+            m.queue_wait_p99,
+            spec.slo.queue_wait_p99,
+            current - ready
+        );
     }
     (wanted.max(0), why)
 }

@@ -167,6 +167,60 @@ fn steady_load_with_nine_percent_noise_holds_its_replicas() {
 }
 
 #[test]
+fn a_replica_counts_for_at_most_max_batch_sessions_of_demand() {
+    // A fast engine (1000 tok/s) that holds only 4 sequences serves at most 4 × r = 80 tok/s
+    // of demand, however many tokens/s it produces.
+    let mut s = spec(1, 20);
+    s.engine.max_batch_size = 4;
+    let mut pool = Pool::new(s);
+    let plan = pool.tick(40.0);
+    let m = plan.measured.as_ref().expect("measured");
+    assert_eq!(m.per_replica_capacity, 80.0);
+    assert!((m.utilization - 10.0).abs() < 1e-9, "{m:?}");
+    // 800 tok/s ÷ (80 × 0.7) ⇒ 15 replicas, 4 per step.
+    assert_eq!(plan.replicas, 5);
+}
+
+#[test]
+fn the_queue_wait_raise_waits_for_replicas_already_starting() {
+    let mut pool = Pool::new(spec(1, 20));
+    pool.replicas = 3;
+    // Demand fits 2 replicas, but the queue is over its target.
+    let queued = || PoolMetrics {
+        decode_tokens_per_second: 1200.0,
+        running: 60.0,
+        queue_wait_p99_seconds: Some(3.0),
+        pods_reporting: 3,
+        ..PoolMetrics::default()
+    };
+    let tick = |pool: &mut Pool, ready: i32| {
+        pool.now += TICK;
+        let obs = Observation {
+            now: pool.now,
+            current_replicas: 3,
+            ready_replicas: ready,
+            metrics: Ok(PoolMetrics {
+                sampled_at: pool.now,
+                ..queued()
+            }),
+        };
+        super::plan(&pool.spec, Some(&pool.tiers), &obs, &mut pool.state)
+    };
+    // One replica is still starting: it is the raise of an earlier tick.
+    let p = tick(&mut pool, 2);
+    assert_eq!(p.desired_replicas, 3, "{}", p.explanation);
+    assert!(
+        p.explanation
+            .contains("not raised: 1 replicas still starting"),
+        "{}",
+        p.explanation
+    );
+    // All ready and still queueing: raise by one.
+    let p = tick(&mut pool, 3);
+    assert_eq!(p.desired_replicas, 4, "{}", p.explanation);
+}
+
+#[test]
 fn a_step_up_scales_within_one_interval() {
     let mut pool = Pool::new(spec(1, 20));
     for _ in 0..10 {
