@@ -59,6 +59,26 @@ impl Harness {
         req.send().await.unwrap()
     }
 
+    /// Asks the engine to drain, giving in-flight requests `grace_seconds`.
+    async fn drain(&self, grace_seconds: u64) -> reqwest::Response {
+        self.client
+            .post(format!("{}/admin/v1/drain", self.admin))
+            .header("authorization", format!("Bearer {TOKEN}"))
+            .body(format!(r#"{{"graceSeconds": {grace_seconds}}}"#))
+            .send()
+            .await
+            .unwrap()
+    }
+
+    /// Waits until the server has stopped after its drain.
+    async fn stopped(&mut self) {
+        let server = self.server.take().unwrap();
+        tokio::time::timeout(Duration::from_secs(10), server.wait())
+            .await
+            .expect("server stops after draining")
+            .expect("clean stop");
+    }
+
     async fn push_policy(&self, policy: &EnginePolicy) {
         let resp = self
             .client
@@ -464,14 +484,7 @@ async fn drain_finishes_in_flight_refuses_new_and_stops() {
     let first = stream.chunk().await.unwrap().unwrap();
     assert!(first.starts_with(b"data: "));
 
-    let resp = h
-        .client
-        .post(format!("{}/admin/v1/drain", h.admin))
-        .header("authorization", format!("Bearer {TOKEN}"))
-        .body(r#"{"graceSeconds": 30}"#)
-        .send()
-        .await
-        .unwrap();
+    let resp = h.drain(30).await;
     assert_eq!(resp.status(), 202);
     let v: Value = resp.json().await.unwrap();
     assert_eq!(v["state"], "Draining");
@@ -504,11 +517,7 @@ async fn drain_finishes_in_flight_refuses_new_and_stops() {
         .collect();
     assert_eq!(text.chars().count(), 100, "the in-flight stream completed");
 
-    let server = h.server.take().unwrap();
-    tokio::time::timeout(Duration::from_secs(10), server.wait())
-        .await
-        .expect("server stops after draining")
-        .expect("clean stop");
+    h.stopped().await;
 }
 
 #[tokio::test]
@@ -520,14 +529,7 @@ async fn a_connection_accepted_before_the_drain_completes_still_gets_an_answer()
     let mut early = tokio::net::TcpStream::connect(&addr).await.unwrap();
     tokio::time::sleep(Duration::from_millis(50)).await;
     // Nothing in flight: the drain completes at once.
-    let resp = h
-        .client
-        .post(format!("{}/admin/v1/drain", h.admin))
-        .header("authorization", format!("Bearer {TOKEN}"))
-        .body(r#"{"graceSeconds": 30}"#)
-        .send()
-        .await
-        .unwrap();
+    let resp = h.drain(30).await;
     assert_eq!(resp.status(), 202);
     tokio::time::sleep(Duration::from_millis(100)).await;
     // The port is closed: a client that still lists this engine is refused and goes elsewhere.
@@ -545,11 +547,7 @@ async fn a_connection_accepted_before_the_drain_completes_still_gets_an_answer()
     assert!(answer.starts_with("HTTP/1.1 503"), "{answer:?}");
     assert!(answer.contains("draining"), "{answer}");
 
-    let server = h.server.take().unwrap();
-    tokio::time::timeout(Duration::from_secs(10), server.wait())
-        .await
-        .expect("server stops after draining")
-        .expect("clean stop");
+    h.stopped().await;
 }
 
 #[tokio::test]
