@@ -29,8 +29,7 @@ impl PackedMatrix {
     /// Repacks a row-major `[n, k]` matrix.
     pub fn pack(w: &[f32], n: usize, k: usize) -> Self {
         debug_assert_eq!(w.len(), n * k);
-        let panels = n.div_ceil(NR);
-        let mut data = vec![0f32; panels * k * NR];
+        let mut data = vec![0f32; Self::bytes_for(n, k) / 4];
         for (o, row) in w.chunks_exact(k).enumerate().take(n) {
             let (p, j) = (o / NR, o % NR);
             let base = p * k * NR + j;
