@@ -31,12 +31,22 @@ pub struct PodModel {
 
 impl PodModel {
     pub fn itl(&self, b: u32) -> f64 {
-        self.itl_base_s + self.itl_per_seq_s * f64::from(b)
+        self.itl_at(f64::from(b))
+    }
+
+    /// Step time at an average (fractional) batch.
+    pub fn itl_at(&self, b: f64) -> f64 {
+        self.itl_base_s + self.itl_per_seq_s * b
+    }
+
+    /// Tokens/s of one pod decoding `b` sequences on average.
+    pub fn tokens_per_second_at(&self, b: f64) -> f64 {
+        b / self.itl_at(b)
     }
 
     /// Tokens/s of one pod at saturation (the T of the resource model).
     pub fn saturated_tokens_per_second(&self) -> f64 {
-        f64::from(self.max_batch) / self.itl(self.max_batch)
+        self.tokens_per_second_at(f64::from(self.max_batch))
     }
 }
 

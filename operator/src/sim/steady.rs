@@ -30,15 +30,8 @@ pub struct SteadyState {
     pub target_for_80_percent: Option<f64>,
 }
 
-fn itl(m: &PodModel, b: f64) -> f64 {
-    m.itl_base_s + m.itl_per_seq_s * b
-}
-
-fn throughput(m: &PodModel, b: f64) -> f64 {
-    b / itl(m, b)
-}
-
-/// The batch at which a pod delivers `tokens_per_second` (the inverse of `throughput`).
+/// The batch at which a pod delivers `tokens_per_second` (the inverse of
+/// `PodModel::tokens_per_second_at`).
 fn batch_for(m: &PodModel, tokens_per_second: f64) -> Option<f64> {
     let den = 1.0 - tokens_per_second * m.itl_per_seq_s;
     let b = tokens_per_second * m.itl_base_s / den;
@@ -53,7 +46,7 @@ pub fn steady_state(cfg: &SimConfig) -> SteadyState {
     let tidegate_batch = (cfg.target_utilization * cap / r).min(max_batch);
     let hpa_tokens_per_second = cfg.baselines.hpa_target_utilization * cap;
     let hpa_batch = batch_for(m, hpa_tokens_per_second).unwrap_or(max_batch);
-    let tidegate_tokens_per_second = throughput(m, tidegate_batch);
+    let tidegate_tokens_per_second = m.tokens_per_second_at(tidegate_batch);
     let target_for_80_percent =
         batch_for(m, hpa_tokens_per_second / 0.8).map(|b| (b * r / cap * 100.0).ceil() / 100.0);
     SteadyState {
