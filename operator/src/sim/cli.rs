@@ -63,7 +63,7 @@ pub fn simulate(args: &Args) -> anyhow::Result<()> {
     cfg.baselines.hpa_target_utilization = args.hpa_target_utilization;
     let started = Instant::now();
     let mut reports = Vec::new();
-    for kind in kinds {
+    for &kind in &kinds {
         let t0 = Instant::now();
         let trace = Trace::new(kind, cfg.scale, cfg.seed);
         let outputs = run_trace(kind, &cfg, args.threads)?;
@@ -92,7 +92,11 @@ pub fn simulate(args: &Args) -> anyhow::Result<()> {
     if args.json {
         println!("{}", serde_json::to_string_pretty(&reports)?);
     } else {
-        println!("{}\n", steady_state(&cfg).words(&cfg));
+        let steady = steady_state(&cfg);
+        println!("{}\n", steady.words(&cfg));
+        if kinds.contains(&TraceKind::Tidal) {
+            println!("{}\n", steady.burst_words(&cfg));
+        }
         println!("{}", legend(&cfg));
         println!("total wall time {:.1}s", started.elapsed().as_secs_f64());
     }

@@ -10,10 +10,18 @@
 //! on a slowly changing load: a controller that tracks demand perfectly reaches it, start-up,
 //! draining and bursts only add to it.
 //!
-//! Invariants: occupancies lie in (0, max batch]; the ratio is positive and finite.
+//! The same model bounds what any reactive policy can do about the tidal day's bursts. Pods
+//! ordered when a burst of `B`× begins are ready only after their start-up (2–7 minutes), so
+//! until then the pods already running must carry it: a pod delivering `x` tokens/s absorbs
+//! the burst only if `B × x ≤ T`. Absorbing `B` needs `x ≤ T ÷ B`, hence at least
+//! `hpa_tokens ÷ (T ÷ B)` of the HPA's pods; and pods held at 0.8× the HPA's count deliver
+//! `hpa_tokens ÷ 0.8` each and saturate on any burst above `T ÷ (hpa_tokens ÷ 0.8)`.
+//!
+//! Invariants: occupancies lie in (0, max batch]; ratios are positive and finite.
 
 use super::SimConfig;
 use super::pool::PodModel;
+use super::trace::TIDAL_BURST_FACTOR;
 
 /// The steady-state comparison of one configuration.
 #[derive(Clone, Copy, Debug, PartialEq)]
@@ -28,6 +36,11 @@ pub struct SteadyState {
     pub ratio: f64,
     /// The lowest targetUtilization at which the ratio is at most 0.8 (None: not reachable).
     pub target_for_80_percent: Option<f64>,
+    /// The fewest pods, as a fraction of the HPA's, with which a reactive policy carries the
+    /// tidal day's bursts until the pods it orders are ready.
+    pub burst_ratio: f64,
+    /// The largest burst that pods held at 0.8× the HPA's count carry without saturating.
+    pub burst_carried_at_80_percent: f64,
 }
 
 /// The batch at which a pod delivers `tokens_per_second` (the inverse of
@@ -56,6 +69,8 @@ pub fn steady_state(cfg: &SimConfig) -> SteadyState {
         hpa_tokens_per_second,
         ratio: hpa_tokens_per_second / tidegate_tokens_per_second,
         target_for_80_percent,
+        burst_ratio: hpa_tokens_per_second / (cap / TIDAL_BURST_FACTOR),
+        burst_carried_at_80_percent: cap / (hpa_tokens_per_second / 0.8),
     }
 }
 
@@ -77,6 +92,23 @@ impl SteadyState {
             self.hpa_batch,
             self.hpa_tokens_per_second,
             self.ratio,
+        )
+    }
+
+    /// What the tidal day's bursts demand of any policy that reacts (and does not foresee).
+    pub fn burst_words(&self, cfg: &SimConfig) -> String {
+        let cap = cfg.model.saturated_tokens_per_second();
+        format!(
+            "bursts, for any reactive policy: pods ordered when a {TIDAL_BURST_FACTOR}× burst begins are \
+             ready {:.0}–{:.0} min later, so the pods already running must carry it; a pod does while it \
+             delivers ≤ {:.0} tok/s (T ÷ {TIDAL_BURST_FACTOR}), which takes ≥ {:.2}× the HPA's pods. Pods \
+             held at 0.80× the HPA's count saturate on any burst above {:.2}×, so no policy without \
+             foresight matches the HPA's attainment on the tidal day at 80% of its GPU-hours.",
+            cfg.startup_min_s / 60.0,
+            cfg.startup_max_s / 60.0,
+            cap / TIDAL_BURST_FACTOR,
+            self.burst_ratio,
+            self.burst_carried_at_80_percent,
         )
     }
 }
@@ -101,5 +133,18 @@ mod tests {
         assert!(steady_state(&at).ratio <= 0.8);
         at.target_utilization = 0.73;
         assert!(steady_state(&at).ratio > 0.8);
+    }
+
+    #[test]
+    fn carrying_the_tidal_bursts_takes_091_of_the_hpa_pods_and_080_carries_114() {
+        let s = steady_state(&SimConfig::new(1, 1.0));
+        // T ÷ 1.3 = 246.2 tok/s per pod; the HPA's pods deliver 224: 224 ÷ 246.2 = 0.91.
+        assert!((s.burst_ratio - 0.91).abs() < 0.001, "{s:?}");
+        // At 0.8× the HPA's pods each delivers 280 tok/s: 320 ÷ 280 = 1.143.
+        assert!(
+            (s.burst_carried_at_80_percent - 1.1429).abs() < 0.0001,
+            "{s:?}"
+        );
+        assert!(s.burst_carried_at_80_percent < TIDAL_BURST_FACTOR);
     }
 }

@@ -54,6 +54,10 @@ impl TraceKind {
     }
 }
 
+/// How much the tidal day's short bursts multiply every tenant's activity (15 minutes each,
+/// eight of them between 06:00 and 22:00 at random).
+pub const TIDAL_BURST_FACTOR: f64 = 1.3;
+
 /// Base session starts per tenant per second at activity 1 (≈ 25 sessions a day).
 pub const PER_TENANT_RATE: f64 = 2.9e-4;
 
@@ -90,7 +94,7 @@ impl Trace {
             (0..8)
                 .map(|_| {
                     let start = 6 * 3600 + rng.below(16 * 3600);
-                    (start, start + 15 * 60, 1.3)
+                    (start, start + 15 * 60, TIDAL_BURST_FACTOR)
                 })
                 .collect()
         } else {
