@@ -1,10 +1,11 @@
 //! Metrics straight from engines' /metrics (local mode's default metrics source).
 //!
-//! Each read scrapes every endpoint, parses the Prometheus text format, and turns counters
-//! and histogram buckets into rates over the interval since the previous scrape of the same
-//! engine (its own rate window). Invariants: a counter reset (engine restart) yields no rate
-//! for that engine on that scrape rather than a negative one; an engine that does not answer
-//! is left out, and when none answers the result is `Unreachable` (fail static upstream).
+//! Each read scrapes every endpoint and parses the Prometheus text format; `metric_window`
+//! turns each engine's samples within the pool's `rateWindow` into what the Prometheus
+//! queries give in a cluster (rates, gauge averages, the pool's p99 queue wait).
+//! Invariants: a counter reset (engine restart) yields no rate for that engine rather than a
+//! negative one; an engine that does not answer is left out, and when none answers the result
+//! is `Unreachable` (fail static upstream); histories are per pool.
 
 use std::collections::HashMap;
 use std::sync::Mutex;
@@ -12,6 +13,7 @@ use std::time::Duration;
 
 use tidegate_api::InferencePoolSpec;
 
+use crate::metric_window::{EngineHistory, pool_metrics};
 use crate::plan::{MetricsProblem, PoolMetrics};
 use crate::ports::{Endpoint, MetricsSource, PoolRef};
 
@@ -145,10 +147,11 @@ pub fn quantile_between(prev: &[(f64, f64)], cur: &[(f64, f64)], q: f64) -> Opti
     Some(lower)
 }
 
-/// Scrapes engines directly.
+/// Scrapes engines directly, and keeps each engine's samples for its pool's rate window.
 pub struct DirectMetrics {
     http: reqwest::Client,
-    previous: Mutex<HashMap<String, EngineSample>>,
+    /// Keyed by pool, then by engine: reading one pool never touches another's history.
+    histories: Mutex<HashMap<PoolRef, HashMap<String, EngineHistory>>>,
 }
 
 impl Default for DirectMetrics {
@@ -164,7 +167,7 @@ impl DirectMetrics {
                 .timeout(Duration::from_secs(3))
                 .build()
                 .unwrap_or_else(|_| reqwest::Client::new()),
-            previous: Mutex::new(HashMap::new()),
+            histories: Mutex::new(HashMap::new()),
         }
     }
 
@@ -186,8 +189,8 @@ impl DirectMetrics {
 impl MetricsSource for DirectMetrics {
     async fn read(
         &self,
-        _pool: &PoolRef,
-        _spec: &InferencePoolSpec,
+        pool: &PoolRef,
+        spec: &InferencePoolSpec,
         endpoints: &[Endpoint],
         now_ms: u64,
     ) -> Result<PoolMetrics, MetricsProblem> {
@@ -207,51 +210,18 @@ impl MetricsSource for DirectMetrics {
                 ))
             });
         }
-        let mut prev = self.previous.lock().unwrap_or_else(|p| p.into_inner());
-        let mut m = PoolMetrics {
-            pods_reporting: samples.len() as i32,
-            sampled_at: now_ms,
-            ..PoolMetrics::default()
-        };
-        let (mut kv_used, mut kv_total) = (0.0, 0.0);
-        let mut p99s = Vec::new();
-        for (name, s) in &samples {
-            m.running += s.running;
-            m.waiting += s.waiting;
-            kv_used += s.kv_used;
-            kv_total += s.kv_total;
-            if let Some(p) = prev.get(name) {
-                let dt = s.at_ms.saturating_sub(p.at_ms) as f64 / 1000.0;
-                if dt > 0.0 && s.decode_tokens >= p.decode_tokens {
-                    let tps = (s.decode_tokens - p.decode_tokens) / dt;
-                    m.decode_tokens_per_second += tps;
-                    if s.waiting > 0.0 {
-                        m.saturated_pod_tokens_per_second.push(tps);
-                    }
-                    m.evictions_per_second += (s.evictions - p.evictions).max(0.0) / dt;
-                    m.overload_refusals_per_second +=
-                        (s.overload_refusals - p.overload_refusals).max(0.0) / dt;
-                    if let Some(q) =
-                        quantile_between(&p.queue_wait_buckets, &s.queue_wait_buckets, 0.99)
-                    {
-                        p99s.push(q);
-                    }
-                }
-            }
-        }
-        m.kv_utilization = if kv_total > 0.0 {
-            kv_used / kv_total
-        } else {
-            0.0
-        };
-        // The pool's p99 is at least the worst engine's; take the max as a conservative view.
-        m.queue_wait_p99_seconds = p99s.into_iter().reduce(f64::max);
-        let live: Vec<&String> = samples.iter().map(|(n, _)| n).collect();
-        prev.retain(|k, _| live.contains(&k));
+        let window_ms = spec.scaling.metrics.rate_window.as_std().as_millis() as u64;
+        let mut all = self.histories.lock().unwrap_or_else(|p| p.into_inner());
+        let histories = all.entry(pool.clone()).or_default();
+        // Engines that are gone (scaled down, crashed) drop out of the window at once, as
+        // the Prometheus path keeps only live pods' series.
+        histories.retain(|name, _| samples.iter().any(|(n, _)| n == name));
+        let answered: Vec<String> = samples.iter().map(|(n, _)| n.clone()).collect();
         for (name, s) in samples {
-            prev.insert(name, s);
+            histories.entry(name).or_default().push(s, window_ms);
         }
-        Ok(m)
+        let engines = answered.iter().filter_map(|n| histories.get(n));
+        Ok(pool_metrics(engines, window_ms, now_ms))
     }
 }
 
@@ -300,5 +270,70 @@ tidegate_engine_queue_wait_seconds_bucket{tier="gold",le="+Inf"} 5
         let q = quantile_between(&[], &cur, 0.99).unwrap();
         assert!(q > 0.9 && q <= 1.0, "{q}");
         assert_eq!(quantile_between(&cur, &cur, 0.99), None);
+    }
+
+    /// An engine whose decode counter grows by 100 tokens per scrape.
+    async fn counting_engine() -> String {
+        use std::sync::Arc;
+        use std::sync::atomic::{AtomicU64, Ordering};
+        let scrapes = Arc::new(AtomicU64::new(0));
+        let app = axum::Router::new().route(
+            "/metrics",
+            axum::routing::get(move || {
+                let n = scrapes.fetch_add(1, Ordering::SeqCst);
+                async move {
+                    format!(
+                        "tidegate_engine_decode_tokens_total {}\ntidegate_engine_requests_running 2\n",
+                        n * 100
+                    )
+                }
+            }),
+        );
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+            .await
+            .expect("bind");
+        let addr = listener.local_addr().expect("addr");
+        tokio::spawn(async move { axum::serve(listener, app).await });
+        format!("http://{addr}")
+    }
+
+    fn endpoint(name: &str, url: &str) -> Endpoint {
+        Endpoint {
+            name: name.into(),
+            api_url: url.into(),
+            admin_url: url.into(),
+            ready: true,
+        }
+    }
+
+    #[tokio::test]
+    async fn two_pools_read_in_turn_each_keep_their_own_window() {
+        let spec: InferencePoolSpec = serde_saphyr::from_str(
+            r#"
+model: {name: m, uri: "file:///m"}
+engine: {image: e}
+replicas: {min: 1, max: 2}
+scaling: {metrics: {source: Direct, rateWindow: 10s}}
+"#,
+        )
+        .expect("spec");
+        let (url_a, url_b) = (counting_engine().await, counting_engine().await);
+        let pool = |name: &str| PoolRef {
+            namespace: "default".into(),
+            name: name.into(),
+        };
+        let (a, b) = (pool("a"), pool("b"));
+        let (ea, eb) = ([endpoint("a-0", &url_a)], [endpoint("b-0", &url_b)]);
+        let direct = DirectMetrics::new();
+        for now_ms in [0, 2_000] {
+            let ma = direct.read(&a, &spec, &ea, now_ms).await.expect("pool a");
+            let mb = direct.read(&b, &spec, &eb, now_ms).await.expect("pool b");
+            if now_ms > 0 {
+                // 100 tokens over 2 s on each engine: reading b did not reset a's window.
+                assert_eq!(ma.decode_tokens_per_second, 50.0, "{ma:?}");
+                assert_eq!(mb.decode_tokens_per_second, 50.0, "{mb:?}");
+                assert_eq!((ma.running, ma.pods_reporting), (2.0, 1));
+            }
+        }
     }
 }

@@ -7,6 +7,7 @@ pub mod driver;
 pub mod engine_client;
 pub mod k8s;
 pub mod local;
+pub mod metric_window;
 pub mod plan;
 pub mod ports;
 pub mod registry;

@@ -1,0 +1,233 @@
+//! Pool metrics over a rate window from engines' own scrapes: what the Prometheus queries
+//! compute in a cluster (`rate(…[w])`, `avg_over_time(…[w])`, `max_over_time(…[w])`,
+//! `histogram_quantile(0.99, sum by (le) (rate(…[w])))`), for local mode's direct scrapes.
+//!
+//! Invariants: each engine's history is ordered by time and holds the samples inside the
+//! window plus at most one older sample, the baseline its rates are taken from (so an
+//! interval longer than the window still yields rates, from one scrape to the next); a
+//! counter that went down (engine restart) discards the engine's older samples, so no rate is
+//! ever negative and the next read starts afresh; gauges are averaged over the samples inside
+//! the window, the newest always included.
+
+use std::collections::{BTreeMap, VecDeque};
+
+use crate::direct_metrics::{EngineSample, quantile_between};
+use crate::plan::PoolMetrics;
+
+/// The samples of one engine that the window needs.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct EngineHistory {
+    samples: VecDeque<EngineSample>,
+}
+
+impl EngineHistory {
+    /// Adds the newest sample and forgets what the window no longer needs.
+    pub fn push(&mut self, s: EngineSample, window_ms: u64) {
+        let restarted = self.samples.back().is_some_and(|p| {
+            s.decode_tokens < p.decode_tokens
+                || s.evictions < p.evictions
+                || s.overload_refusals < p.overload_refusals
+        });
+        if restarted {
+            self.samples.clear();
+        }
+        let start = s.at_ms.saturating_sub(window_ms);
+        self.samples.push_back(s);
+        // Keep one sample at or before the window's start, as the rates' baseline.
+        while self.samples.get(1).is_some_and(|next| next.at_ms <= start) {
+            self.samples.pop_front();
+        }
+    }
+
+    fn newest(&self) -> Option<&EngineSample> {
+        self.samples.back()
+    }
+
+    /// The oldest sample and the newest, when they are distinct in time.
+    fn span(&self) -> Option<(&EngineSample, &EngineSample, f64)> {
+        let (first, last) = (self.samples.front()?, self.samples.back()?);
+        let dt = last.at_ms.saturating_sub(first.at_ms) as f64 / 1000.0;
+        (dt > 0.0).then_some((first, last, dt))
+    }
+
+    /// Samples inside the window (the baseline excluded unless it is the only one).
+    fn in_window(&self, window_ms: u64) -> impl Iterator<Item = &EngineSample> {
+        let start = self
+            .newest()
+            .map_or(0, |s| s.at_ms.saturating_sub(window_ms));
+        let n = self.samples.len();
+        self.samples
+            .iter()
+            .enumerate()
+            .filter(move |(i, s)| s.at_ms > start || *i + 1 == n)
+            .map(|(_, s)| s)
+    }
+}
+
+fn mean(values: impl Iterator<Item = f64>) -> f64 {
+    let (sum, n) = values.fold((0.0, 0u32), |(s, n), v| (s + v, n + 1));
+    if n == 0 { 0.0 } else { sum / f64::from(n) }
+}
+
+/// Pool metrics from the histories of the engines that answered this read.
+pub fn pool_metrics<'a>(
+    engines: impl IntoIterator<Item = &'a EngineHistory>,
+    window_ms: u64,
+    now_ms: u64,
+) -> PoolMetrics {
+    let mut m = PoolMetrics {
+        sampled_at: now_ms,
+        ..PoolMetrics::default()
+    };
+    let (mut kv_used, mut kv_total) = (0.0, 0.0);
+    let mut waits: BTreeMap<u64, (f64, f64)> = BTreeMap::new();
+    for h in engines {
+        let Some(newest) = h.newest() else { continue };
+        m.pods_reporting += 1;
+        m.running += mean(h.in_window(window_ms).map(|s| s.running));
+        m.waiting += mean(h.in_window(window_ms).map(|s| s.waiting));
+        kv_used += newest.kv_used;
+        kv_total += newest.kv_total;
+        let Some((first, last, dt)) = h.span() else {
+            continue;
+        };
+        let tps = (last.decode_tokens - first.decode_tokens) / dt;
+        m.decode_tokens_per_second += tps;
+        if h.in_window(window_ms).any(|s| s.waiting > 0.0) {
+            m.saturated_pod_tokens_per_second.push(tps);
+        }
+        m.evictions_per_second += (last.evictions - first.evictions) / dt;
+        m.overload_refusals_per_second += (last.overload_refusals - first.overload_refusals) / dt;
+        for (le, count) in &last.queue_wait_buckets {
+            let before = first
+                .queue_wait_buckets
+                .iter()
+                .find(|(l, _)| l == le)
+                .map_or(0.0, |(_, c)| *c);
+            // Keyed by the bound's bits so that equal bounds of different engines meet.
+            let e = waits.entry(le.to_bits()).or_insert((*le, 0.0));
+            e.1 += (count - before).max(0.0);
+        }
+    }
+    m.kv_utilization = if kv_total > 0.0 {
+        kv_used / kv_total
+    } else {
+        0.0
+    };
+    let mut summed: Vec<(f64, f64)> = waits.into_values().collect();
+    summed.sort_by(|a, b| a.0.total_cmp(&b.0));
+    m.queue_wait_p99_seconds = quantile_between(&[], &summed, 0.99);
+    m
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn sample(at_s: u64, tokens: f64, running: f64, waiting: f64) -> EngineSample {
+        EngineSample {
+            at_ms: at_s * 1000,
+            decode_tokens: tokens,
+            running,
+            waiting,
+            kv_used: 10.0,
+            kv_total: 100.0,
+            ..EngineSample::default()
+        }
+    }
+
+    fn history(window_ms: u64, samples: &[EngineSample]) -> EngineHistory {
+        let mut h = EngineHistory::default();
+        for s in samples {
+            h.push(s.clone(), window_ms);
+        }
+        h
+    }
+
+    #[test]
+    fn rates_span_the_window_and_gauges_are_averaged_over_it() {
+        // Scrapes every 2 s, window 10 s: the baseline is the sample at 10 s for now = 20 s.
+        let samples: Vec<EngineSample> = (0..=10)
+            .map(|i| sample(2 * i, 100.0 * (2 * i) as f64, f64::from(i as u32), 0.0))
+            .collect();
+        let h = history(10_000, &samples);
+        let m = pool_metrics([&h], 10_000, 20_000);
+        assert_eq!(m.pods_reporting, 1);
+        assert!((m.decode_tokens_per_second - 100.0).abs() < 1e-9, "{m:?}");
+        // running was 6, 7, 8, 9, 10 at 12 … 20 s (the baseline at 10 s is outside).
+        assert!((m.running - 8.0).abs() < 1e-9, "{m:?}");
+        assert!(m.saturated_pod_tokens_per_second.is_empty());
+        assert!((m.kv_utilization - 0.1).abs() < 1e-9);
+    }
+
+    #[test]
+    fn one_blip_does_not_move_the_average_much() {
+        let mut samples: Vec<EngineSample> =
+            (0..=5).map(|i| sample(2 * i, 0.0, 4.0, 0.0)).collect();
+        samples.push(sample(12, 0.0, 24.0, 3.0));
+        let h = history(10_000, &samples);
+        let m = pool_metrics([&h], 10_000, 12_000);
+        // 4, 4, 4, 4, 24 over the window: 8, where one scrape alone said 24.
+        assert!((m.running - 8.0).abs() < 1e-9, "{m:?}");
+        // A pod that had requests waiting in the window counts as saturated.
+        assert_eq!(m.saturated_pod_tokens_per_second.len(), 1);
+    }
+
+    #[test]
+    fn an_interval_longer_than_the_window_still_yields_rates() {
+        let h = history(
+            5_000,
+            &[sample(0, 0.0, 1.0, 0.0), sample(15, 300.0, 1.0, 0.0)],
+        );
+        let m = pool_metrics([&h], 5_000, 15_000);
+        assert!((m.decode_tokens_per_second - 20.0).abs() < 1e-9, "{m:?}");
+    }
+
+    #[test]
+    fn a_restarted_engine_gives_no_rate_until_its_next_scrape() {
+        let mut h = history(
+            10_000,
+            &[sample(0, 5000.0, 1.0, 0.0), sample(2, 5200.0, 1.0, 0.0)],
+        );
+        h.push(sample(4, 30.0, 1.0, 0.0), 10_000);
+        let m = pool_metrics([&h], 10_000, 4_000);
+        assert_eq!(m.decode_tokens_per_second, 0.0, "{m:?}");
+        assert_eq!(m.pods_reporting, 1);
+        h.push(sample(6, 130.0, 1.0, 0.0), 10_000);
+        let m = pool_metrics([&h], 10_000, 6_000);
+        assert!((m.decode_tokens_per_second - 50.0).abs() < 1e-9, "{m:?}");
+    }
+
+    #[test]
+    fn queue_wait_p99_is_taken_over_the_pool_s_summed_buckets() {
+        let buckets = |fast: f64, slow: f64| {
+            vec![
+                (0.1, fast),
+                (1.0, fast + slow),
+                (f64::INFINITY, fast + slow),
+            ]
+        };
+        let mut a0 = sample(0, 0.0, 1.0, 0.0);
+        a0.queue_wait_buckets = buckets(0.0, 0.0);
+        let mut a1 = sample(2, 0.0, 1.0, 0.0);
+        a1.queue_wait_buckets = buckets(1000.0, 0.0);
+        let mut b0 = a0.clone();
+        b0.queue_wait_buckets = buckets(0.0, 0.0);
+        let mut b1 = a1.clone();
+        b1.queue_wait_buckets = buckets(0.0, 5.0);
+        let (a, b) = (history(10_000, &[a0, a1]), history(10_000, &[b0, b1]));
+        let m = pool_metrics([&a, &b], 10_000, 2_000);
+        // 1005 waits, 5 of them slow: the pool's p99 is in the fast bucket.
+        let p99 = m.queue_wait_p99_seconds.expect("observed");
+        assert!(p99 <= 0.1, "{p99}");
+        // With no waits observed there is no p99.
+        let idle = history(
+            10_000,
+            &[sample(0, 0.0, 0.0, 0.0), sample(2, 0.0, 0.0, 0.0)],
+        );
+        assert_eq!(
+            pool_metrics([&idle], 10_000, 2_000).queue_wait_p99_seconds,
+            None
+        );
+    }
+}
