@@ -292,3 +292,22 @@ fn large_registries_are_sharded_with_one_digest() {
     assert_eq!(joined, bytes);
     assert_eq!(registry_config_maps(&pref, &[1, 2, 3], &owners).len(), 1);
 }
+
+#[test]
+fn the_startup_probe_allows_the_startup_grace_period() {
+    let failures = |s: &InferencePoolSpec| {
+        let d = deployment::deployment("chat", "prod", s, 1, vec![]).expect("deployment");
+        let pod = d.spec.expect("spec").template.spec.expect("pod");
+        let probe = pod.containers[0].startup_probe.clone().expect("startup");
+        (probe.period_seconds, probe.failure_threshold)
+    };
+    // Default 15m: 90 probes 10 s apart.
+    assert_eq!(failures(&spec(serde_json::json!({}))), (Some(10), Some(90)));
+    // A large model that loads in up to 25 minutes, and one that starts at once.
+    let mut slow = spec(serde_json::json!({}));
+    slow.engine.startup_grace_period = std::time::Duration::from_secs(25 * 60).into();
+    assert_eq!(failures(&slow), (Some(10), Some(150)));
+    let mut fast = spec(serde_json::json!({}));
+    fast.engine.startup_grace_period = std::time::Duration::from_secs(0).into();
+    assert_eq!(failures(&fast), (Some(10), Some(1)));
+}

@@ -209,6 +209,11 @@ pub struct EngineSpec {
     /// How long a pod being removed may take to finish its in-flight requests.
     #[serde(default = "default_drain_grace")]
     pub drain_grace_period: Duration,
+    /// How long a new pod may take to become ready (image pull, weight load). Its startup
+    /// probe allows this long; and at the ceiling, admission waits this long for replicas
+    /// still starting before it counts the ready ones as all the capacity the pool has.
+    #[serde(default = "default_startup_grace")]
+    pub startup_grace_period: Duration,
     /// Extra command-line arguments passed to the engine.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     #[schemars(length(max = 64))]
@@ -226,6 +231,9 @@ fn default_max_queue() -> i32 {
 }
 fn default_drain_grace() -> Duration {
     Duration::from_secs(60)
+}
+fn default_startup_grace() -> Duration {
+    Duration::from_secs(15 * 60)
 }
 
 /// Compute resources of one engine pod.
@@ -454,7 +462,8 @@ pub struct MetricsSource {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schemars(length(max = 1024), regex(pattern = r"^https?://.+$"))]
     pub prometheus_url: Option<String>,
-    /// Window of the rate() and histogram_quantile() queries.
+    /// Window of the counter rates, the p99 queue wait and the running/waiting averages (in
+    /// the Prometheus queries, or over the direct scrapes).
     #[serde(default = "default_rate_window")]
     pub rate_window: Duration,
     /// Samples older than this are stale: the operator holds its last decision.

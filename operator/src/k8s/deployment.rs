@@ -224,6 +224,17 @@ fn pod_security_context() -> PodSecurityContext {
     }
 }
 
+const STARTUP_PROBE_PERIOD_SECONDS: i32 = 10;
+
+/// Startup probe failures that span `engine.startupGracePeriod` (at least one).
+fn startup_probe_failures(spec: &InferencePoolSpec) -> i32 {
+    let grace = spec.engine.startup_grace_period.as_std().as_secs();
+    let period = STARTUP_PROBE_PERIOD_SECONDS as u64;
+    i32::try_from(grace.div_ceil(period))
+        .unwrap_or(i32::MAX)
+        .max(1)
+}
+
 fn http_probe(path: &str, period: i32, failures: i32) -> Probe {
     Probe {
         http_get: Some(HTTPGetAction {
@@ -308,8 +319,13 @@ pub fn pod_template(pool: &str, spec: &InferencePoolSpec) -> Result<PodTemplateS
             },
         ]),
         resources: Some(engine_resources(spec)),
-        // Loading weights may take minutes: the startup probe covers it, then liveness.
-        startup_probe: Some(http_probe("/healthz", 10, 90)),
+        // Loading weights may take minutes: the startup probe allows startupGracePeriod (the
+        // same time admission waits at the ceiling for pods still starting), then liveness.
+        startup_probe: Some(http_probe(
+            "/healthz",
+            STARTUP_PROBE_PERIOD_SECONDS,
+            startup_probe_failures(spec),
+        )),
         liveness_probe: Some(http_probe("/healthz", 10, 3)),
         readiness_probe: Some(http_probe("/readyz", 5, 2)),
         lifecycle: Some(Lifecycle {

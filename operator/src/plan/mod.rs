@@ -92,12 +92,6 @@ pub struct PlanState {
     pub ceiling_not_ready_warned: bool,
 }
 
-/// How long replicas up to the ceiling may take to become ready before admission treats
-/// the ready ones as all the capacity the pool will get. Starting GPU pods (image pull,
-/// weight load) take minutes; one that has not become ready after this long is most likely
-/// unschedulable or crashing, and waiting for it would leave existing tenants unprotected.
-pub const STARTUP_GRACE_MS: Millis = 15 * 60 * 1000;
-
 /// Normal or Warning, as Kubernetes Events have it.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum EventKind {
@@ -285,7 +279,7 @@ pub fn plan(
     }
 
     // Admission at the ceiling.
-    let at_ceiling = at_ceiling(obs, desired, ceil, state, &mut events);
+    let at_ceiling = at_ceiling(spec, obs, desired, ceil, state, &mut events);
     let pressure = measured.as_ref().map(|m| admission::Pressure::of(spec, m));
     let exhausted = at_ceiling && pressure.as_ref().is_some_and(|p| p.over_pause(spec));
     if exhausted {
@@ -349,9 +343,11 @@ pub fn plan(
 /// Whether the pool is at its ceiling, for admission. At the ceiling means the ceiling's
 /// replicas are running *and ready*: while some are still starting, the queue they will
 /// drain is no reason to pause new tenants. Unless they have been starting for longer than
-/// any start-up takes (`STARTUP_GRACE_MS`): then the ready ones are all the pool has, and a
-/// ReplicasNotReady warning says so once.
+/// a start-up may take (`engine.startupGracePeriod`, which the startup probe allows too):
+/// a pod not ready by then is most likely unschedulable or crashing, the ready ones are all
+/// the pool has, and a ReplicasNotReady warning says so once.
 fn at_ceiling(
+    spec: &InferencePoolSpec,
     obs: &Observation,
     desired: i32,
     ceil: i32,
@@ -365,7 +361,8 @@ fn at_ceiling(
         return requested;
     }
     let since = *state.ceiling_not_ready_since.get_or_insert(obs.now);
-    let overdue = obs.now.saturating_sub(since) >= STARTUP_GRACE_MS;
+    let grace = spec.engine.startup_grace_period.as_std();
+    let overdue = u128::from(obs.now.saturating_sub(since)) >= grace.as_millis();
     if overdue && !state.ceiling_not_ready_warned {
         state.ceiling_not_ready_warned = true;
         events.push(EventPlan {
@@ -375,7 +372,7 @@ fn at_ceiling(
                 "{} of {ceil} replicas not ready after {} at the ceiling: admission counts \
                  the {} ready ones as the pool's capacity",
                 ceil - obs.ready_replicas,
-                Duration::from_millis(STARTUP_GRACE_MS),
+                spec.engine.startup_grace_period,
                 obs.ready_replicas
             ),
         });

@@ -328,10 +328,14 @@ fn no_pause_while_ceiling_replicas_are_still_starting() {
 
 #[test]
 fn replicas_that_never_become_ready_stop_holding_back_the_pause() {
-    let mut pool = Pool::new(spec(1, 3));
+    // A pool whose pods start within 5 minutes (engine.startupGracePeriod; default 15m).
+    let mut s = spec(1, 3);
+    s.engine.startup_grace_period = std::time::Duration::from_secs(300).into();
+    let mut pool = Pool::new(s);
     pool.replicas = 3;
     // Three replicas requested, one never becomes ready (no GPU left to schedule it).
-    let grace_ticks = (super::STARTUP_GRACE_MS / TICK) as usize;
+    let grace_ms = pool.spec.engine.startup_grace_period.as_std().as_millis() as u64;
+    let grace_ticks = (grace_ms / TICK) as usize;
     let mut warnings = 0;
     let mut paused_at = None;
     for i in 0..grace_ticks + 10 {
@@ -346,7 +350,7 @@ fn replicas_that_never_become_ready_stop_holding_back_the_pause() {
         }
     }
     let paused_at = paused_at.expect("never paused");
-    // Not before the grace (15 min = 60 ticks) and pauseAfter (1 min = 4 ticks) have passed.
+    // Not before the grace (5 min = 20 ticks) and pauseAfter (1 min = 4 ticks) have passed.
     assert!(
         (grace_ticks + 3..=grace_ticks + 5).contains(&paused_at),
         "paused at tick {paused_at}"
