@@ -228,14 +228,10 @@ pub fn plan(
         (None, _) => {
             // Fail static: hold the last decision (or the current count), only lifting it
             // to the floor, never lowering it.
-            let hold = state
-                .last_desired
-                .unwrap_or(current)
-                .max(current)
-                .clamp(min, ceil);
+            let hold = state.last_desired.unwrap_or(current).max(current);
             // The held count is this tick's recommendation, so that the scale-down window
             // restarts when metrics return instead of acting on a single fresh sample.
-            state.recommendations.record(now, hold);
+            state.recommendations.record(now, hold.clamp(min, ceil));
             (
                 hold,
                 "metrics unavailable: holding the last decision".to_string(),
@@ -243,6 +239,15 @@ pub fn plan(
         }
     };
     let desired = wanted.clamp(min, ceil);
+    // A count lifted to the floor (or cut to the ceiling) says so, not what it was lifted from:
+    // a new pool's first replicas are replicas.min, not a held decision.
+    let why = if desired > wanted {
+        format!("raised to replicas.min {min} ({why})")
+    } else if desired < wanted {
+        format!("capped at the ceiling {ceil} ({why})")
+    } else {
+        why
+    };
     let advisory = spec.scaling.mode == ScalingMode::Advisory;
     // Advisory never acts; it only keeps the declared floor (a pool with no pods measures nothing).
     let replicas = if advisory { current.max(min) } else { desired };

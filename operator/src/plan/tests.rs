@@ -596,3 +596,24 @@ fn stale_metrics_are_treated_as_missing() {
         .expect("condition");
     assert_eq!(m.reason, "MetricsStale");
 }
+
+#[test]
+fn a_new_pool_s_first_replicas_are_explained_as_the_floor() {
+    let mut state = PlanState::default();
+    let obs = Observation {
+        now: 1_000,
+        current_replicas: 0,
+        ready_replicas: 0,
+        metrics: Err(MetricsProblem::NoData(
+            "no engine replicas to scrape".into(),
+        )),
+    };
+    let p = super::plan(&spec(2, 5), Some(&tiers()), &obs, &mut state);
+    assert_eq!(p.desired_replicas, 2);
+    let d = p.decision.expect("a decision");
+    assert!(
+        d.reason.starts_with("raised to replicas.min 2"),
+        "{}",
+        d.reason
+    );
+}
