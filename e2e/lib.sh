@@ -34,6 +34,29 @@ summary() {
     [ "$E2E_FAILED" -eq 0 ]
 }
 
+# listen_port: a loopback port below the ephemeral range that can be bound right now (not
+# listening, and not the local side of any connection, TIME-WAIT included).
+listen_port() {
+    python3 - <<'PY'
+import random, socket
+try:
+    low = int(open("/proc/sys/net/ipv4/ip_local_port_range").read().split()[0])
+except (OSError, ValueError, IndexError):
+    low = 32768
+for _ in range(200):
+    port = random.randrange(20000, max(low, 20001))
+    s = socket.socket()
+    try:
+        s.bind(("127.0.0.1", port))
+    except OSError:
+        continue
+    finally:
+        s.close()
+    print(port)
+    break
+PY
+}
+
 # start_api_server STATE_DIR: starts etcd + the real apiextensions API server, exports
 # KUBECONFIG and PATH (with the bundled kubectl), and stops it when the script exits.
 start_api_server() {
@@ -47,8 +70,20 @@ start_api_server() {
         return 1
     fi
     rm -f "$install_log"
-    local exports
-    exports=$("$K8S_TESTENV" start 2>/dev/null) || { log "API server failed to start"; return 1; }
+    # The test API server picks random loopback ports, which may collide with the client
+    # side of connections still in TIME-WAIT after an earlier load ("address already in
+    # use"); the API server and etcd client ports are picked here outside the ephemeral
+    # range, and a failed start is retried with fresh ports.
+    local exports="" attempt
+    for attempt in 1 2 3; do
+        exports=$(K8S_TESTENV_APISERVER_PORT=$(listen_port) K8S_TESTENV_ETCD_PORT=$(listen_port) \
+            "$K8S_TESTENV" start 2>/dev/null) && break
+        exports=""
+        log "API server failed to start (attempt $attempt of 3)"
+        "$K8S_TESTENV" stop --purge >/dev/null 2>&1 || true
+        sleep 2
+    done
+    [ -n "$exports" ] || { log "API server failed to start"; return 1; }
     eval "$exports"
     eval "$("$K8S_TESTENV" env)"
     trap 'stop_api_server' EXIT
