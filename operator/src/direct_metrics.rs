@@ -147,6 +147,9 @@ pub fn quantile_between(prev: &[(f64, f64)], cur: &[(f64, f64)], q: f64) -> Opti
     Some(lower)
 }
 
+/// How long a pool's scrapes are kept after its last read.
+const FORGET_MS: u64 = 3_600_000;
+
 /// Scrapes engines directly, and keeps each engine's samples for its pool's rate window.
 pub struct DirectMetrics {
     http: reqwest::Client,
@@ -212,6 +215,13 @@ impl MetricsSource for DirectMetrics {
         }
         let window_ms = spec.scaling.metrics.rate_window.as_std().as_millis() as u64;
         let mut all = self.histories.lock().unwrap_or_else(|p| p.into_inner());
+        // Pools not read for an hour (deleted, or moved to Prometheus) are forgotten.
+        all.retain(|_, engines| {
+            engines.values().any(|h| {
+                h.newest_at()
+                    .is_some_and(|at| now_ms.saturating_sub(at) < FORGET_MS)
+            })
+        });
         let histories = all.entry(pool.clone()).or_default();
         // Engines that are gone (scaled down, crashed) drop out of the window at once, as
         // the Prometheus path keeps only live pods' series.

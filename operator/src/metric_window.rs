@@ -39,6 +39,11 @@ impl EngineHistory {
         }
     }
 
+    /// When the newest sample was taken.
+    pub fn newest_at(&self) -> Option<u64> {
+        self.newest().map(|s| s.at_ms)
+    }
+
     fn newest(&self) -> Option<&EngineSample> {
         self.samples.back()
     }
