@@ -274,6 +274,9 @@ impl Owner {
             }
         }
         let finished = self.sched.update(&out, &sampled, self.now_ms());
+        // Publish before any client sees this step's tokens: a client that reads /metrics
+        // after a token arrived sees the step that produced it (running, blocks in use).
+        publish(&self.metrics, &self.sched);
         for &(id, tok) in &sampled {
             if let Some(l) = self.live.get_mut(&id) {
                 l.emit(&self.tokenizer, tok);
@@ -293,6 +296,5 @@ impl Owner {
                 l.tx.send(TokenEvent::Finished { reason, usage });
             }
         }
-        publish(&self.metrics, &self.sched);
     }
 }
