@@ -223,12 +223,20 @@ impl MetricsSource for DirectMetrics {
             })
         });
         let histories = all.entry(pool.clone()).or_default();
-        // Engines that are gone (scaled down, crashed) drop out of the window at once, as
-        // the Prometheus path keeps only live pods' series.
-        histories.retain(|name, _| samples.iter().any(|(n, _)| n == name));
+        // Engines the runtime no longer runs (scaled down, replaced) are forgotten, as the
+        // Prometheus path keeps only live pods' series; one that missed a scrape keeps its
+        // history and is simply left out of this read.
+        histories.retain(|name, _| endpoints.iter().any(|e| &e.name == name));
+        // A baseline older than two windows (or two intervals, when those are longer) is
+        // too old to take a rate from.
+        let interval_ms = spec.scaling.interval.as_std().as_millis() as u64;
+        let max_gap_ms = 2 * window_ms.max(interval_ms);
         let answered: Vec<String> = samples.iter().map(|(n, _)| n.clone()).collect();
         for (name, s) in samples {
-            histories.entry(name).or_default().push(s, window_ms);
+            histories
+                .entry(name)
+                .or_default()
+                .push(s, window_ms, max_gap_ms);
         }
         let engines = answered.iter().filter_map(|n| histories.get(n));
         Ok(pool_metrics(engines, window_ms, now_ms))

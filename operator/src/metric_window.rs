@@ -1,13 +1,16 @@
-//! Pool metrics over a rate window from engines' own scrapes: what the Prometheus queries
-//! compute in a cluster (`rate(…[w])`, `avg_over_time(…[w])`, `max_over_time(…[w])`,
+//! Pool metrics over a rate window from engines' own scrapes: the quantities the Prometheus
+//! queries compute in a cluster (`rate(…[w])`, `avg_over_time(…[w])`, `max_over_time(…[w])`,
 //! `histogram_quantile(0.99, sum by (le) (rate(…[w])))`), for local mode's direct scrapes.
+//! Rates run from the baseline sample to the newest, without Prometheus' extrapolation to the
+//! window's edges, and gauge averages weigh every read alike.
 //!
 //! Invariants: each engine's history is ordered by time and holds the samples inside the
 //! window plus at most one older sample, the baseline its rates are taken from (so an
 //! interval longer than the window still yields rates, from one scrape to the next); a
-//! counter that went down (engine restart) discards the engine's older samples, so no rate is
-//! ever negative and the next read starts afresh; gauges are averaged over the samples inside
-//! the window, the newest always included.
+//! counter that went down (engine restart), a clock that went back or a gap longer than the
+//! caller allows discards the engine's older samples, so no rate is negative or taken over a
+//! stale baseline and the next read starts afresh; gauges are averaged over the samples
+//! inside the window, the newest always included.
 
 use std::collections::{BTreeMap, VecDeque};
 
@@ -21,14 +24,20 @@ pub struct EngineHistory {
 }
 
 impl EngineHistory {
-    /// Adds the newest sample and forgets what the window no longer needs.
-    pub fn push(&mut self, s: EngineSample, window_ms: u64) {
-        let restarted = self.samples.back().is_some_and(|p| {
+    /// Adds the newest sample and forgets what the window no longer needs. The older samples
+    /// are discarded when they cannot serve as a baseline: a counter went down (the engine
+    /// restarted), the clock went back, or the last one is more than `max_gap_ms` old (the
+    /// engine was not read for a while; Prometheus would give no rate over such a gap either).
+    pub fn push(&mut self, s: EngineSample, window_ms: u64, max_gap_ms: u64) {
+        let unusable = self.samples.back().is_some_and(|p| {
             s.decode_tokens < p.decode_tokens
                 || s.evictions < p.evictions
                 || s.overload_refusals < p.overload_refusals
+                || waits_observed(&s) < waits_observed(p)
+                || s.at_ms < p.at_ms
+                || s.at_ms - p.at_ms > max_gap_ms
         });
-        if restarted {
+        if unusable {
             self.samples.clear();
         }
         let start = s.at_ms.saturating_sub(window_ms);
@@ -67,6 +76,11 @@ impl EngineHistory {
             .filter(move |(i, s)| s.at_ms > start || *i + 1 == n)
             .map(|(_, s)| s)
     }
+}
+
+/// Queue waits observed so far (the histogram's +Inf bucket).
+fn waits_observed(s: &EngineSample) -> f64 {
+    s.queue_wait_buckets.last().map_or(0.0, |(_, c)| *c)
 }
 
 fn mean(values: impl Iterator<Item = f64>) -> f64 {
@@ -109,7 +123,7 @@ pub fn pool_metrics<'a>(
                 .iter()
                 .find(|(l, _)| l == le)
                 .map_or(0.0, |(_, c)| *c);
-            // Keyed by the bound's bits so that equal bounds of different engines meet.
+            // Equal bounds of different engines meet under the same key.
             let e = waits.entry(le.to_bits()).or_insert((*le, 0.0));
             e.1 += (count - before).max(0.0);
         }
@@ -119,8 +133,9 @@ pub fn pool_metrics<'a>(
     } else {
         0.0
     };
-    let mut summed: Vec<(f64, f64)> = waits.into_values().collect();
-    summed.sort_by(|a, b| a.0.total_cmp(&b.0));
+    // Keyed by the bound's bits: for the non-negative bounds of a histogram, their order is
+    // the bounds' order.
+    let summed: Vec<(f64, f64)> = waits.into_values().collect();
     m.queue_wait_p99_seconds = quantile_between(&[], &summed, 0.99);
     m
 }
@@ -128,6 +143,9 @@ pub fn pool_metrics<'a>(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Longer than any gap in these tests but the last one.
+    const GAP: u64 = 60_000;
 
     fn sample(at_s: u64, tokens: f64, running: f64, waiting: f64) -> EngineSample {
         EngineSample {
@@ -144,7 +162,7 @@ mod tests {
     fn history(window_ms: u64, samples: &[EngineSample]) -> EngineHistory {
         let mut h = EngineHistory::default();
         for s in samples {
-            h.push(s.clone(), window_ms);
+            h.push(s.clone(), window_ms, GAP);
         }
         h
     }
@@ -194,11 +212,11 @@ mod tests {
             10_000,
             &[sample(0, 5000.0, 1.0, 0.0), sample(2, 5200.0, 1.0, 0.0)],
         );
-        h.push(sample(4, 30.0, 1.0, 0.0), 10_000);
+        h.push(sample(4, 30.0, 1.0, 0.0), 10_000, GAP);
         let m = pool_metrics([&h], 10_000, 4_000);
         assert_eq!(m.decode_tokens_per_second, 0.0, "{m:?}");
         assert_eq!(m.pods_reporting, 1);
-        h.push(sample(6, 130.0, 1.0, 0.0), 10_000);
+        h.push(sample(6, 130.0, 1.0, 0.0), 10_000, GAP);
         let m = pool_metrics([&h], 10_000, 6_000);
         assert!((m.decode_tokens_per_second - 50.0).abs() < 1e-9, "{m:?}");
     }
@@ -234,5 +252,42 @@ mod tests {
             pool_metrics([&idle], 10_000, 2_000).queue_wait_p99_seconds,
             None
         );
+    }
+
+    #[test]
+    fn a_baseline_older_than_the_gap_or_from_a_clock_gone_back_is_dropped() {
+        let mut h = history(
+            10_000,
+            &[sample(0, 0.0, 1.0, 0.0), sample(2, 100.0, 1.0, 0.0)],
+        );
+        // Not read for an hour: no rate over the hour, a fresh start.
+        h.push(sample(3_600, 900.0, 1.0, 0.0), 10_000, GAP);
+        assert_eq!(
+            pool_metrics([&h], 10_000, 3_600_000).decode_tokens_per_second,
+            0.0
+        );
+        h.push(sample(3_602, 1_000.0, 1.0, 0.0), 10_000, GAP);
+        assert_eq!(
+            pool_metrics([&h], 10_000, 3_602_000).decode_tokens_per_second,
+            50.0
+        );
+        // The clock went back a minute.
+        h.push(sample(3_542, 1_100.0, 1.0, 0.0), 10_000, GAP);
+        assert_eq!(
+            pool_metrics([&h], 10_000, 3_542_000).decode_tokens_per_second,
+            0.0
+        );
+    }
+
+    #[test]
+    fn fewer_queue_waits_observed_than_before_means_a_restart() {
+        let mut a = sample(0, 0.0, 1.0, 0.0);
+        a.queue_wait_buckets = vec![(1.0, 50.0), (f64::INFINITY, 50.0)];
+        let mut b = sample(2, 0.0, 1.0, 0.0);
+        b.queue_wait_buckets = vec![(1.0, 3.0), (f64::INFINITY, 4.0)];
+        let h = history(10_000, &[a, b]);
+        // Only the new process's sample is left: nothing to take a rate or a p99 from.
+        let m = pool_metrics([&h], 10_000, 2_000);
+        assert_eq!(m.queue_wait_p99_seconds, None, "{m:?}");
     }
 }
