@@ -55,7 +55,7 @@ impl TraceKind {
 }
 
 /// How much the tidal day's short bursts multiply every tenant's activity (15 minutes each,
-/// eight of them between 06:00 and 22:00 at random).
+/// eight of them starting between 06:00 and 22:00 at random).
 pub const TIDAL_BURST_FACTOR: f64 = 1.3;
 
 /// Base session starts per tenant per second at activity 1 (≈ 25 sessions a day).
