@@ -34,17 +34,22 @@ summary() {
     [ "$E2E_FAILED" -eq 0 ]
 }
 
-# listen_port: a loopback port below the ephemeral range that can be bound right now (not
-# listening, and not the local side of any connection, TIME-WAIT included).
-listen_port() {
-    python3 - <<'PY'
-import random, socket
+# listen_ports N: N distinct loopback ports below the ephemeral range that can be bound right
+# now (not listening, and not the local side of any connection, TIME-WAIT included).
+listen_ports() {
+    python3 - "$1" <<'PY'
+import random, socket, sys
+want = int(sys.argv[1])
 try:
     low = int(open("/proc/sys/net/ipv4/ip_local_port_range").read().split()[0])
 except (OSError, ValueError, IndexError):
     low = 32768
-for _ in range(200):
-    port = random.randrange(20000, max(low, 20001))
+high = low if low > 21000 else 32768
+found = []
+for _ in range(500):
+    port = random.randrange(20000, high)
+    if port in found:
+        continue
     s = socket.socket()
     try:
         s.bind(("127.0.0.1", port))
@@ -52,8 +57,10 @@ for _ in range(200):
         continue
     finally:
         s.close()
-    print(port)
-    break
+    found.append(port)
+    if len(found) == want:
+        break
+print(" ".join(map(str, found)))
 PY
 }
 
@@ -74,16 +81,24 @@ start_api_server() {
     # side of connections still in TIME-WAIT after an earlier load ("address already in
     # use"); the API server and etcd client ports are picked here outside the ephemeral
     # range, and a failed start is retried with fresh ports.
-    local exports="" attempt
+    local exports="" attempt ports errors
+    errors=$(mktemp)
     for attempt in 1 2 3; do
-        exports=$(K8S_TESTENV_APISERVER_PORT=$(listen_port) K8S_TESTENV_ETCD_PORT=$(listen_port) \
-            "$K8S_TESTENV" start 2>/dev/null) && break
+        read -r -a ports <<<"$(listen_ports 2)"
+        exports=$(K8S_TESTENV_APISERVER_PORT=${ports[0]:-} K8S_TESTENV_ETCD_PORT=${ports[1]:-} \
+            "$K8S_TESTENV" start 2>"$errors") && break
         exports=""
         log "API server failed to start (attempt $attempt of 3)"
         "$K8S_TESTENV" stop --purge >/dev/null 2>&1 || true
         sleep 2
     done
-    [ -n "$exports" ] || { log "API server failed to start"; return 1; }
+    if [ -z "$exports" ]; then
+        tail -20 "$errors" >&2
+        rm -f "$errors"
+        log "API server failed to start"
+        return 1
+    fi
+    rm -f "$errors"
     eval "$exports"
     eval "$("$K8S_TESTENV" env)"
     trap 'stop_api_server' EXIT
