@@ -209,9 +209,10 @@ pub struct EngineSpec {
     /// How long a pod being removed may take to finish its in-flight requests.
     #[serde(default = "default_drain_grace")]
     pub drain_grace_period: Duration,
-    /// How long a new pod may take to become ready (image pull, weight load). Its startup
-    /// probe allows this long; and at the ceiling, admission waits this long for replicas
-    /// still starting before it counts the ready ones as all the capacity the pool has.
+    /// How long a new pod may take to become ready. Its startup probe allows this long from
+    /// the container's start (weight load); at the ceiling, admission waits this long from
+    /// the replicas' request (scheduling and image pull included) before it counts the ready
+    /// ones as all the capacity the pool has.
     #[serde(default = "default_startup_grace")]
     pub startup_grace_period: Duration,
     /// Extra command-line arguments passed to the engine.
