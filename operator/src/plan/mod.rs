@@ -232,10 +232,12 @@ pub fn plan(
             // The held count is this tick's recommendation, so that the scale-down window
             // restarts when metrics return instead of acting on a single fresh sample.
             state.recommendations.record(now, hold.clamp(min, ceil));
-            (
-                hold,
-                "metrics unavailable: holding the last decision".to_string(),
-            )
+            let why = if state.last_desired.is_some() {
+                "metrics unavailable: holding the last decision"
+            } else {
+                "no metrics yet"
+            };
+            (hold, why.to_string())
         }
     };
     let desired = wanted.clamp(min, ceil);

@@ -612,7 +612,7 @@ fn a_new_pool_s_first_replicas_are_explained_as_the_floor() {
     assert_eq!(p.desired_replicas, 2);
     let d = p.decision.expect("a decision");
     assert!(
-        d.reason.starts_with("raised to replicas.min 2"),
+        d.reason == "raised to replicas.min 2 (no metrics yet)",
         "{}",
         d.reason
     );
