@@ -193,6 +193,7 @@ pub async fn run(args: LocalArgs) -> anyhow::Result<()> {
     let mut load = (!args.no_load).then(|| tokio::spawn(loadgen::run(shape.clone(), ep_rx)));
     let mut load_done_at: Option<Instant> = None;
     let mut tally = None;
+    let mut unsettled = false;
     let mut status: Option<InferencePoolStatus> = None;
     let mut summary = Summary::default();
     let mut ticker = tokio::time::interval(interval);
@@ -249,6 +250,7 @@ pub async fn run(args: LocalArgs) -> anyhow::Result<()> {
             if settled || done.elapsed() > args.settle_timeout.0 {
                 if !settled {
                     println!("pool did not settle within {:?}", args.settle_timeout.0);
+                    unsettled = true;
                 }
                 break;
             }
@@ -261,6 +263,13 @@ pub async fn run(args: LocalArgs) -> anyhow::Result<()> {
     print_summary(&summary, tally.as_deref(), started.elapsed());
     // Let engines finish their drain and exit before we go.
     tokio::time::sleep(Duration::from_millis(500)).await;
+    if unsettled {
+        anyhow::bail!(
+            "after the load, the pool did not reopen admission and scale down to replicas.min \
+             within --settle-timeout {:?}",
+            args.settle_timeout.0
+        );
+    }
     Ok(())
 }
 
