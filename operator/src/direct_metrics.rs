@@ -111,16 +111,25 @@ fn label<'a>(labels: &'a str, key: &str) -> Option<&'a str> {
     Some(&labels[start..end])
 }
 
-/// The q-quantile of the observations between two cumulative histograms, interpolated
-/// within the bucket as Prometheus' histogram_quantile does. None when nothing was observed.
-pub fn quantile_between(prev: &[(f64, f64)], cur: &[(f64, f64)], q: f64) -> Option<f64> {
-    let deltas: Vec<(f64, f64)> = cur
-        .iter()
+/// The observations between two cumulative histograms, per bucket (still cumulative): what
+/// `increase()` of each `_bucket` series gives. A bucket absent from `prev` counts from 0.
+pub fn bucket_deltas(prev: &[(f64, f64)], cur: &[(f64, f64)]) -> Vec<(f64, f64)> {
+    cur.iter()
         .map(|(le, c)| {
             let before = prev.iter().find(|(l, _)| l == le).map_or(0.0, |(_, c)| *c);
             (*le, (c - before).max(0.0))
         })
-        .collect();
+        .collect()
+}
+
+/// The q-quantile of the observations between two cumulative histograms.
+pub fn quantile_between(prev: &[(f64, f64)], cur: &[(f64, f64)], q: f64) -> Option<f64> {
+    quantile(&bucket_deltas(prev, cur), q)
+}
+
+/// The q-quantile of a cumulative histogram (ascending bounds, +Inf last), interpolated
+/// within the bucket as Prometheus' histogram_quantile does. None when nothing was observed.
+pub fn quantile(deltas: &[(f64, f64)], q: f64) -> Option<f64> {
     let total = deltas.last()?.1;
     if total <= 0.0 {
         return None;
@@ -128,7 +137,7 @@ pub fn quantile_between(prev: &[(f64, f64)], cur: &[(f64, f64)], q: f64) -> Opti
     let rank = q * total;
     let mut lower = 0.0;
     let mut below = 0.0;
-    for (le, count) in &deltas {
+    for (le, count) in deltas {
         if *count >= rank {
             if le.is_infinite() {
                 return Some(lower);

@@ -14,7 +14,7 @@
 
 use std::collections::{BTreeMap, VecDeque};
 
-use crate::direct_metrics::{EngineSample, quantile_between};
+use crate::direct_metrics::{EngineSample, bucket_deltas, quantile};
 use crate::plan::PoolMetrics;
 
 /// The samples of one engine that the window needs.
@@ -117,15 +117,9 @@ pub fn pool_metrics<'a>(
         }
         m.evictions_per_second += (last.evictions - first.evictions) / dt;
         m.overload_refusals_per_second += (last.overload_refusals - first.overload_refusals) / dt;
-        for (le, count) in &last.queue_wait_buckets {
-            let before = first
-                .queue_wait_buckets
-                .iter()
-                .find(|(l, _)| l == le)
-                .map_or(0.0, |(_, c)| *c);
+        for (le, count) in bucket_deltas(&first.queue_wait_buckets, &last.queue_wait_buckets) {
             // Equal bounds of different engines meet under the same key.
-            let e = waits.entry(le.to_bits()).or_insert((*le, 0.0));
-            e.1 += (count - before).max(0.0);
+            waits.entry(le.to_bits()).or_insert((le, 0.0)).1 += count;
         }
     }
     m.kv_utilization = if kv_total > 0.0 {
@@ -136,7 +130,7 @@ pub fn pool_metrics<'a>(
     // Keyed by the bound's bits: for the non-negative bounds of a histogram, their order is
     // the bounds' order.
     let summed: Vec<(f64, f64)> = waits.into_values().collect();
-    m.queue_wait_p99_seconds = quantile_between(&[], &summed, 0.99);
+    m.queue_wait_p99_seconds = quantile(&summed, 0.99);
     m
 }
 
