@@ -34,6 +34,13 @@ summary() {
     [ "$E2E_FAILED" -eq 0 ]
 }
 
+# build_binaries PROFILE: builds tidegate-operator and tidegate-engine, debug or release.
+build_binaries() {
+    local flags=()
+    [ "$1" = release ] && flags=(--release)
+    cargo build --quiet "${flags[@]}" -p tidegate-operator -p tidegate-engine
+}
+
 # listen_ports N: N distinct loopback ports below the ephemeral range that can be bound right
 # now (not listening, and not the local side of any connection, TIME-WAIT included).
 listen_ports() {

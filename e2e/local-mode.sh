@@ -16,11 +16,7 @@ WORK=$(mktemp -d "${TMPDIR:-/tmp}/tidegate-e2e-local.XXXXXX")
 trap 'rm -rf "$WORK"' EXIT
 
 echo "== local mode: the README's demo (examples/local/, --time-scale 0.5)"
-if [ "$PROFILE" = release ]; then
-    cargo build --quiet --release -p tidegate-operator -p tidegate-engine || exit 1
-else
-    cargo build --quiet -p tidegate-operator -p tidegate-engine || exit 1
-fi
+build_binaries "$PROFILE" || exit 1
 BIN="$TARGET/$PROFILE"
 OUT="$WORK/local.out"
 "$BIN/tidegate-operator" local -f examples/local/ --engine-bin "$BIN/tidegate-engine" \

@@ -35,7 +35,7 @@ cleanup() {
 echo "== e2e loop: API server + Prometheus + engine processes + operator"
 if [ ! -x "$OPERATOR" ] || [ ! -x "$ENGINE" ]; then
     log "building binaries"
-    cargo build --quiet -p tidegate-operator -p tidegate-engine || exit 1
+    build_binaries "$PROFILE" || exit 1
 fi
 start_api_server "$WORK/apiserver" || exit 1
 trap cleanup EXIT
