@@ -90,7 +90,8 @@ spec:
   model: {name: tiny-random, uri: "file://$WORK/model"}
   engine:
     image: tidegate-engine:local
-    resources: {gpus: 0}
+    resources: {gpus: 0, memory: 256Mi}
+    kvCache: {memoryFraction: 0.2, hostOffload: 64Mi}
     maxBatchSize: 4
     maxQueuedRequests: 64
     drainGracePeriod: 60s

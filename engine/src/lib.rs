@@ -11,6 +11,7 @@ pub mod fake_engine;
 pub mod generate;
 pub mod kernels;
 pub mod kv_cache;
+pub mod kv_sizing;
 pub mod metrics;
 pub mod model;
 pub mod runner;

@@ -14,7 +14,7 @@ struct Cli {
 #[derive(Subcommand)]
 enum Command {
     /// Serve a model over the OpenAI-compatible HTTP API (with admin API and /metrics).
-    Serve(tidegate_engine::server::cli::ServeArgs),
+    Serve(Box<tidegate_engine::server::cli::ServeArgs>),
     /// Offer a multiple of an engine's measured capacity; report refusals, queue wait, RSS.
     OverloadBench(tidegate_engine::bench::BenchArgs),
     /// Write a tiny random-weight Llama (safetensors + config.json + tokenizer.json).
@@ -46,7 +46,7 @@ enum Command {
 
 fn main() -> anyhow::Result<()> {
     match Cli::parse().command {
-        Command::Serve(args) => tidegate_engine::server::cli::run(args)?,
+        Command::Serve(args) => tidegate_engine::server::cli::run(*args)?,
         Command::OverloadBench(args) => tidegate_engine::bench::run(args)?,
         Command::GenRandomModel { out, seed } => {
             let cfg = tidegate_engine::model::random::write_random_model(&out, seed)?;

@@ -29,6 +29,9 @@ enum Command {
         #[arg(long)]
         check: bool,
     },
+    /// Print, as YAML, the objects the operator would apply for the pools in some manifests
+    /// (Deployment, Service, PodDisruptionBudget, admin Secret), for review and `kubectl diff`.
+    Render(tidegate_operator::k8s::render::RenderArgs),
     /// Run the operator against an API server (in a cluster or from a kubeconfig).
     Run(tidegate_operator::k8s::run::RunArgs),
     /// Run tidegate on this machine: engine processes, the real control loop, and a tidal
@@ -48,6 +51,7 @@ fn main() -> anyhow::Result<()> {
             stdout,
             check,
         } => crds(&root, stdout, check),
+        Command::Render(args) => tidegate_operator::k8s::render::run(&args),
         Command::Run(args) => tidegate_operator::k8s::run::main(args),
         Command::Local(args) => {
             init_logs();

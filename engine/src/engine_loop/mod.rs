@@ -63,6 +63,8 @@ pub struct LoopConfig {
     pub max_waiting: usize,
     /// Retry-After suggested with queue refusals.
     pub retry_after: Duration,
+    /// Longest context a request may have (`--max-context-tokens`); None: the model's own.
+    pub max_context_tokens: Option<usize>,
 }
 
 impl Default for LoopConfig {
@@ -78,6 +80,7 @@ impl Default for LoopConfig {
             max_batch_seqs: 64,
             max_waiting: 256,
             retry_after: Duration::from_secs(1),
+            max_context_tokens: None,
         }
     }
 }
@@ -116,7 +119,12 @@ impl LoopEngine {
         metrics: Arc<Metrics>,
     ) -> crate::error::Result<Arc<Self>> {
         let kv_tokens = config.kv_blocks.max(1) * config.kv_block_tokens.max(1);
-        let context = files.config.max_position_embeddings.min(kv_tokens);
+        // The smallest of the model's limit, the pool's own and what the KV pool can hold.
+        let context = files
+            .config
+            .max_position_embeddings
+            .min(kv_tokens)
+            .min(config.max_context_tokens.unwrap_or(usize::MAX));
         let info = ModelInfo {
             id: config.model_id.clone(),
             context_length: u32::try_from(context).unwrap_or(u32::MAX),

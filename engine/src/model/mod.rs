@@ -52,6 +52,29 @@ impl ModelFiles {
         }
     }
 
+    /// Loads `path` in a given format (`--model-format`, the pool's `model.format`): a
+    /// format the files are not in is an error at start, never a silent switch.
+    pub fn load_as(path: &Path, format: ModelFormat) -> Result<Self> {
+        match format {
+            ModelFormat::Auto => Self::load(path),
+            ModelFormat::Safetensors if path.join("config.json").is_file() => {
+                Self::load_hf_dir(path)
+            }
+            ModelFormat::Safetensors => Err(Error::UnsupportedModel(format!(
+                "{}: the pool says Safetensors, but this is not a directory with config.json",
+                path.display()
+            ))),
+            ModelFormat::Gguf if path.is_file() => Self::load_gguf(path),
+            ModelFormat::Gguf => match find_gguf(path)? {
+                Some(file) => Self::load_gguf(&file),
+                None => Err(Error::UnsupportedModel(format!(
+                    "{}: the pool says GGUF, but there is no .gguf file here",
+                    path.display()
+                ))),
+            },
+        }
+    }
+
     /// Loads a Hugging Face model directory.
     pub fn load_hf_dir(dir: &Path) -> Result<Self> {
         let cfg_path = dir.join("config.json");
@@ -80,6 +103,18 @@ impl ModelFiles {
             tokenizer,
         })
     }
+}
+
+/// Weight format a model is loaded as.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, clap::ValueEnum)]
+pub enum ModelFormat {
+    /// Detect from the files present.
+    #[default]
+    Auto,
+    /// Hugging Face layout: config.json, *.safetensors, tokenizer.json.
+    Safetensors,
+    /// A GGUF file (or a directory holding one).
+    Gguf,
 }
 
 fn find_gguf(dir: &Path) -> Result<Option<PathBuf>> {

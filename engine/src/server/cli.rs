@@ -12,15 +12,19 @@ use std::time::Duration;
 
 use anyhow::{Context, bail};
 use clap::{Args, ValueEnum};
+use tidegate_api::Quantity;
 use tidegate_api::engine_admin::EnginePolicy;
+use tidegate_api::engine_launch::{env as launch_env, flag};
 use tokio::net::TcpListener;
 
 use super::{AdminAuth, ServerConfig};
 use crate::backend::Engine;
 use crate::engine_loop::{LoopConfig, LoopEngine};
 use crate::fake_engine::{FakeConfig, FakeEngine};
+use crate::kv_sizing::{KvRequest, KvSize, read_memory_facts, size_kv_pool};
 use crate::metrics::Metrics;
-use crate::model::ModelFiles;
+use crate::model::{ModelFiles, ModelFormat};
+use crate::runner::Runner;
 
 /// Log line format.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, ValueEnum)]
@@ -28,6 +32,13 @@ pub enum LogFormat {
     #[default]
     Text,
     Json,
+}
+
+fn parse_fraction(s: &str) -> Result<f64, String> {
+    match s.parse::<f64>() {
+        Ok(f) if f > 0.0 && f <= 1.0 => Ok(f),
+        _ => Err(format!("{s:?}: expected a fraction in (0, 1], e.g. 0.9")),
+    }
 }
 
 fn parse_duration(s: &str) -> Result<Duration, String> {
@@ -40,25 +51,28 @@ fn parse_duration(s: &str) -> Result<Duration, String> {
 #[derive(Debug, Args)]
 pub struct ServeArgs {
     /// Model directory or file (safetensors + tokenizer, or GGUF).
-    #[arg(long, env = "TIDEGATE_MODEL", required_unless_present = "fake_model")]
+    #[arg(long = flag::MODEL, env = "TIDEGATE_MODEL", required_unless_present = "fake_model")]
     pub model: Option<PathBuf>,
+    /// Weight format of --model.
+    #[arg(long = flag::MODEL_FORMAT, env = "TIDEGATE_MODEL_FORMAT", value_enum, default_value_t = ModelFormat::Auto)]
+    pub model_format: ModelFormat,
     /// Serve the deterministic fake backend instead of a model (tests and demos).
     #[arg(long, env = "TIDEGATE_FAKE_MODEL")]
     pub fake_model: bool,
     /// Name clients use in `model` (defaults to the model directory's name, or `fake`).
-    #[arg(long, env = "TIDEGATE_SERVED_MODEL_NAME")]
+    #[arg(long = flag::SERVED_MODEL_NAME, env = "TIDEGATE_SERVED_MODEL_NAME")]
     pub served_model_name: Option<String>,
     /// Address of the OpenAI-compatible API, /metrics and health endpoints.
-    #[arg(long, env = "TIDEGATE_LISTEN", default_value = "0.0.0.0:8000")]
+    #[arg(long = flag::LISTEN, env = "TIDEGATE_LISTEN", default_value = "0.0.0.0:8000")]
     pub listen: SocketAddr,
     /// Address of the admin API (policy push, tenants, drain).
-    #[arg(long, env = "TIDEGATE_ADMIN_LISTEN", default_value = "0.0.0.0:8001")]
+    #[arg(long = flag::ADMIN_LISTEN, env = "TIDEGATE_ADMIN_LISTEN", default_value = "0.0.0.0:8001")]
     pub admin_listen: SocketAddr,
     /// File holding the admin bearer token.
     #[arg(long, env = "TIDEGATE_ADMIN_TOKEN_FILE")]
     pub admin_token_file: Option<PathBuf>,
     /// The admin bearer token itself (prefer the file; this is read from the environment).
-    #[arg(long, env = "TIDEGATE_ADMIN_TOKEN", hide_env_values = true)]
+    #[arg(long, env = launch_env::ADMIN_TOKEN, hide_env_values = true)]
     pub admin_token: Option<String>,
     /// Run without an admin API (nothing listens on --admin-listen).
     #[arg(long, env = "TIDEGATE_ADMIN_DISABLED")]
@@ -73,34 +87,48 @@ pub struct ServeArgs {
     #[arg(long, env = "TIDEGATE_BODY_READ_TIMEOUT", default_value = "30s", value_parser = parse_duration)]
     pub body_read_timeout: Duration,
     /// Grace period for in-flight requests on drain or SIGTERM (e.g. 30s).
-    #[arg(long, env = "TIDEGATE_DRAIN_GRACE", default_value = "30s", value_parser = parse_duration)]
+    #[arg(long = flag::DRAIN_GRACE, env = "TIDEGATE_DRAIN_GRACE", default_value = "30s", value_parser = parse_duration)]
     pub drain_grace: Duration,
     /// Requests decoded together in one batched step.
-    #[arg(long, env = "TIDEGATE_MAX_BATCH_SIZE", default_value_t = 16)]
+    #[arg(long = flag::MAX_BATCH_SIZE, env = "TIDEGATE_MAX_BATCH_SIZE", default_value_t = 16)]
     pub max_batch_size: usize,
     /// Queue bound: requests waiting for admission beyond this are refused with 429.
-    #[arg(long, env = "TIDEGATE_MAX_QUEUED_REQUESTS", default_value_t = 64)]
+    #[arg(long = flag::MAX_QUEUED_REQUESTS, env = "TIDEGATE_MAX_QUEUED_REQUESTS", default_value_t = 64)]
     pub max_queued_requests: usize,
     /// Log format.
-    #[arg(long, env = "TIDEGATE_LOG_FORMAT", value_enum, default_value_t = LogFormat::Text)]
+    #[arg(long = flag::LOG_FORMAT, env = "TIDEGATE_LOG_FORMAT", value_enum, default_value_t = LogFormat::Text)]
     pub log_format: LogFormat,
-    /// KV cache blocks in the device pool.
-    #[arg(long, env = "TIDEGATE_KV_BLOCKS", default_value_t = 2048)]
-    pub kv_blocks: usize,
+    /// Longest context (prompt + output tokens) a request may have; longer ones get 400.
+    /// Default: the model's own limit (and never more than the KV pool holds).
+    #[arg(long = flag::MAX_CONTEXT_TOKENS, env = "TIDEGATE_MAX_CONTEXT_TOKENS")]
+    pub max_context_tokens: Option<usize>,
+    /// KV cache blocks in the device pool. Given, it wins over --kv-memory-fraction.
+    /// Neither given: 2048 blocks.
+    #[arg(long = flag::KV_BLOCKS, env = "TIDEGATE_KV_BLOCKS")]
+    pub kv_blocks: Option<usize>,
+    /// Size the KV pool as this fraction of the memory left for it: on CPU, of
+    /// --memory-limit (or the cgroup's limit, or else the free memory) less what the process
+    /// already holds (weights) and the host offload tier.
+    #[arg(long = flag::KV_MEMORY_FRACTION, env = "TIDEGATE_KV_MEMORY_FRACTION", value_parser = parse_fraction)]
+    pub kv_memory_fraction: Option<f64>,
+    /// The container's memory limit (a quantity, e.g. 64Gi): the KV pool is sized inside it.
+    /// Default: the cgroup's limit when there is one.
+    #[arg(long = flag::MEMORY_LIMIT, env = "TIDEGATE_MEMORY_LIMIT")]
+    pub memory_limit: Option<Quantity>,
     /// Tokens per KV block.
-    #[arg(long, env = "TIDEGATE_KV_BLOCK_TOKENS", default_value_t = 16)]
+    #[arg(long = flag::KV_BLOCK_TOKENS, env = "TIDEGATE_KV_BLOCK_TOKENS", default_value_t = 16)]
     pub kv_block_tokens: usize,
-    /// Host RAM for KV offloaded from the device pool, in bytes (0 disables it).
-    #[arg(long, env = "TIDEGATE_KV_HOST_BYTES", default_value_t = 1 << 30)]
-    pub kv_host_bytes: usize,
-    /// Disk space for KV spilled from host RAM, in bytes (needs --kv-disk-dir).
-    #[arg(long, env = "TIDEGATE_KV_DISK_BYTES", default_value_t = 0)]
-    pub kv_disk_bytes: usize,
+    /// Host RAM for KV offloaded from the device pool, a quantity (e.g. 32Gi; 0 disables it).
+    #[arg(long = flag::KV_HOST_OFFLOAD, visible_alias = "kv-host-bytes", env = "TIDEGATE_KV_HOST_OFFLOAD", default_value = "1Gi")]
+    pub kv_host_offload: Quantity,
+    /// Disk space for KV spilled from host RAM, a quantity (e.g. 200Gi; needs --kv-disk-dir).
+    #[arg(long = flag::KV_DISK_OFFLOAD, visible_alias = "kv-disk-bytes", env = "TIDEGATE_KV_DISK_OFFLOAD", default_value = "0")]
+    pub kv_disk_offload: Quantity,
     /// Directory for spilled KV files.
-    #[arg(long, env = "TIDEGATE_KV_DISK_DIR")]
+    #[arg(long = flag::KV_DISK_DIR, env = "TIDEGATE_KV_DISK_DIR")]
     pub kv_disk_dir: Option<PathBuf>,
     /// Tokens computed per step over all sequences (decode tokens + prefill chunks).
-    #[arg(long, env = "TIDEGATE_MAX_BATCH_TOKENS", default_value_t = 512)]
+    #[arg(long = flag::MAX_BATCH_TOKENS, env = "TIDEGATE_MAX_BATCH_TOKENS", default_value_t = 512)]
     pub max_batch_tokens: usize,
     /// Compute threads for the forward pass (default: available parallelism).
     #[arg(long, env = "TIDEGATE_THREADS")]
@@ -117,6 +145,22 @@ pub struct ServeArgs {
     /// Fake backend: time before /readyz turns ready (simulated loading).
     #[arg(long, env = "TIDEGATE_FAKE_LOAD_DELAY", default_value = "0s", value_parser = parse_duration)]
     pub fake_load_delay: Duration,
+}
+
+/// The `serve` subcommand's parser as the binary builds it: what a launch-contract test
+/// checks the operator's command lines against.
+pub fn serve_command() -> clap::Command {
+    ServeArgs::augment_args(clap::Command::new(tidegate_api::engine_launch::SERVE))
+}
+
+/// Parses `serve ARGS…` (the first item is the subcommand) as the binary would.
+pub fn parse_serve<I, T>(args: I) -> Result<ServeArgs, clap::Error>
+where
+    I: IntoIterator<Item = T>,
+    T: Into<std::ffi::OsString> + Clone,
+{
+    let matches = serve_command().try_get_matches_from(args)?;
+    <ServeArgs as clap::FromArgMatches>::from_arg_matches(&matches)
 }
 
 /// Installs the tracing subscriber (RUST_LOG filters, default `info`).
@@ -160,7 +204,10 @@ fn load_engine(args: &ServeArgs, metrics: &Arc<Metrics>) -> anyhow::Result<Arc<d
                 .served_model_name
                 .clone()
                 .unwrap_or_else(|| "fake".to_string()),
-            context_length: args.fake_context_length,
+            context_length: args
+                .max_context_tokens
+                .and_then(|c| u32::try_from(c).ok())
+                .unwrap_or(args.fake_context_length),
             token_delay: args.fake_token_delay,
             max_running: args.max_batch_size.max(1),
             max_waiting: args.max_queued_requests.max(1),
@@ -179,27 +226,49 @@ fn load_engine(args: &ServeArgs, metrics: &Arc<Metrics>) -> anyhow::Result<Arc<d
             .num_threads(threads.max(1))
             .build_global();
     }
-    let files = ModelFiles::load(path).with_context(|| format!("loading {}", path.display()))?;
+    let files = ModelFiles::load_as(path, args.model_format)
+        .with_context(|| format!("loading {}", path.display()))?;
     let model_id = args.served_model_name.clone().unwrap_or_else(|| {
         path.file_stem()
             .map(|s| s.to_string_lossy().into_owned())
             .unwrap_or_else(|| "model".to_string())
     });
     tracing::info!(model = %model_id, layers = files.config.num_hidden_layers, "model loaded");
+    let kv = kv_pool_size(args, &files)?;
+    tracing::info!(blocks = kv.blocks, why = %kv.why, "KV pool sized");
     let config = LoopConfig {
         model_id,
-        kv_blocks: args.kv_blocks.max(1),
+        kv_blocks: kv.blocks,
         kv_block_tokens: args.kv_block_tokens.max(1),
-        kv_host_bytes: args.kv_host_bytes,
-        kv_disk_bytes: args.kv_disk_bytes,
+        kv_host_bytes: quantity_bytes(&args.kv_host_offload),
+        kv_disk_bytes: quantity_bytes(&args.kv_disk_offload),
         kv_disk_dir: args.kv_disk_dir.clone(),
         max_batch_tokens: args.max_batch_tokens.max(1),
         max_batch_seqs: args.max_batch_size.max(1),
         max_waiting: args.max_queued_requests.max(1),
+        max_context_tokens: args.max_context_tokens,
         ..LoopConfig::default()
     };
     let engine = LoopEngine::start(files, config, Arc::clone(metrics))?;
     Ok(engine)
+}
+
+fn quantity_bytes(q: &Quantity) -> usize {
+    // FromStr already refused what to_bytes cannot read.
+    q.to_bytes()
+        .map_or(0, |b| usize::try_from(b).unwrap_or(usize::MAX))
+}
+
+/// The KV pool's block count: explicit, from the memory fraction, or the default.
+fn kv_pool_size(args: &ServeArgs, files: &ModelFiles) -> anyhow::Result<KvSize> {
+    let request = KvRequest {
+        explicit_blocks: args.kv_blocks,
+        memory_fraction: args.kv_memory_fraction,
+        block_bytes: Runner::block_bytes_for(&files.config, args.kv_block_tokens.max(1)),
+        host_offload_bytes: quantity_bytes(&args.kv_host_offload) as u64,
+    };
+    let limit = args.memory_limit.as_ref().and_then(Quantity::to_bytes);
+    Ok(size_kv_pool(&request, &read_memory_facts(limit))?)
 }
 
 /// Runs `serve` to completion (a drain), on its own tokio runtime.

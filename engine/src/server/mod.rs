@@ -29,6 +29,7 @@ use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use serde_json::json;
 use tidegate_api::engine_admin::{DrainStatus, EnginePolicy};
+use tidegate_api::engine_launch as launch;
 use tokio::net::TcpListener;
 use tokio::task::JoinHandle;
 
@@ -231,9 +232,9 @@ fn api_router(state: Arc<AppState>) -> Router {
         .route("/v1/completions", post(completions::completions))
         .route("/v1/chat/completions", post(completions::chat_completions))
         .route("/v1/models", get(models))
-        .route("/healthz", get(healthz))
-        .route("/readyz", get(readyz))
-        .route("/metrics", get(metrics))
+        .route(launch::HEALTHZ_PATH, get(healthz))
+        .route(launch::READYZ_PATH, get(readyz))
+        .route(launch::METRICS_PATH, get(metrics))
         .fallback(not_found)
         .method_not_allowed_fallback(|| async { ApiError::MethodNotAllowed })
         .with_state(state)

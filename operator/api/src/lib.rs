@@ -7,6 +7,7 @@
 pub mod conditions;
 pub mod duration;
 pub mod engine_admin;
+pub mod engine_launch;
 pub mod inference_pool;
 pub mod quantity;
 #[cfg(feature = "kube")]

@@ -61,6 +61,36 @@ impl Quantity {
     }
 }
 
+impl Quantity {
+    /// The value as whole bytes (rounded down); None if malformed, negative or not finite.
+    /// `0.5Ki` is 512; `100m` (a CPU-style milli value) is 0 bytes.
+    pub fn to_bytes(&self) -> Option<u64> {
+        self.to_f64()
+            .filter(|b| b.is_finite() && *b >= 0.0 && *b < u64::MAX as f64)
+            .map(|b| b.floor() as u64)
+    }
+}
+
+/// Why a text is not a quantity.
+#[derive(Debug, thiserror::Error, PartialEq, Eq)]
+#[error(
+    "{0:?} is not a quantity: expected a number with an optional suffix (k, M, G, T, Ki, Mi, Gi, Ti), e.g. 32Gi"
+)]
+pub struct BadQuantity(pub String);
+
+impl std::str::FromStr for Quantity {
+    type Err = BadQuantity;
+
+    /// Parses a byte quantity as the engine's flags take it (the pool spec's own text).
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        let q = Quantity(s.trim().to_string());
+        match q.to_bytes() {
+            Some(_) => Ok(q),
+            None => Err(BadQuantity(s.to_string())),
+        }
+    }
+}
+
 impl JsonSchema for Quantity {
     fn schema_name() -> Cow<'static, str> {
         "Quantity".into()
@@ -82,6 +112,19 @@ impl JsonSchema for Quantity {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn bytes_and_from_str() {
+        assert_eq!(
+            "32Gi".parse::<Quantity>().map(|q| q.to_bytes()),
+            Ok(Some(32 << 30))
+        );
+        assert_eq!(Quantity("0".into()).to_bytes(), Some(0));
+        assert_eq!(Quantity("0.5Ki".into()).to_bytes(), Some(512));
+        assert!("32GB".parse::<Quantity>().is_err());
+        assert!("-1".parse::<Quantity>().is_err());
+        assert!("".parse::<Quantity>().is_err());
+    }
 
     #[test]
     fn parses_suffixes() {

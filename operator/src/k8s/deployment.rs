@@ -9,9 +9,9 @@
 //!   a pod removed on scale-down finishes its in-flight requests (the engine drains on SIGTERM).
 //! - The rollout never runs more pods than replicas (maxSurge 0): a GPU budget is never exceeded.
 //!
-//! Engine knobs without a command-line flag travel as environment variables:
-//! `TIDEGATE_KV_MEMORY_FRACTION`, `TIDEGATE_KV_HOST_OFFLOAD`, `TIDEGATE_KV_DISK_OFFLOAD_DIR`,
-//! `TIDEGATE_KV_DISK_OFFLOAD`.
+//! - The engine's command line and environment come from the launch contract
+//!   (`tidegate_api::engine_launch`), the same function the local runtime calls; this file
+//!   only adds what is Kubernetes' own: the Secret reference, volumes, probes, security.
 
 use std::collections::BTreeMap;
 
@@ -28,6 +28,9 @@ use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{LabelSelector, ObjectMeta, OwnerReference};
 use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
 use tidegate_api::InferencePoolSpec;
+use tidegate_api::engine_launch::{
+    self as launch, EnvValue, LaunchError, LaunchSite, engine_launch,
+};
 
 use super::{
     ADMIN_PORT, ADMIN_TOKEN_KEY, HTTP_PORT, admin_secret_name, common_labels, selector_labels,
@@ -46,8 +49,12 @@ pub const ENGINE_UID: i64 = 65532;
 
 /// Why a pool's spec cannot be turned into a Deployment.
 #[derive(Debug, thiserror::Error)]
-#[error("spec.model.uri {0:?}: expected file:///PATH or pvc://CLAIM/PATH")]
-pub struct BadModelUri(pub String);
+pub enum BadPoolSpec {
+    #[error("spec.model.uri {0:?}: expected file:///PATH or pvc://CLAIM/PATH")]
+    ModelUri(String),
+    #[error(transparent)]
+    Launch(#[from] LaunchError),
+}
 
 /// Where the weights come from, inside the pod.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -60,8 +67,8 @@ pub struct ModelLocation {
 
 /// Parses spec.model.uri: `file:///models/x` → path `/models/x`; `pvc://claim/sub/dir` →
 /// claim `claim` mounted read-only at MODEL_MOUNT, path `/model/sub/dir`.
-pub fn model_location(uri: &str) -> Result<ModelLocation, BadModelUri> {
-    let bad = || BadModelUri(uri.to_string());
+pub fn model_location(uri: &str) -> Result<ModelLocation, BadPoolSpec> {
+    let bad = || BadPoolSpec::ModelUri(uri.to_string());
     if let Some(path) = uri.strip_prefix("file://") {
         if !path.starts_with('/') || path.len() < 2 {
             return Err(bad());
@@ -96,77 +103,47 @@ pub fn termination_grace_seconds(spec: &InferencePoolSpec) -> i64 {
     PRESTOP_SLEEP_SECONDS + drain + TERMINATION_MARGIN_SECONDS
 }
 
-/// The engine's command-line arguments.
-pub fn engine_args(spec: &InferencePoolSpec, model_path: &str) -> Vec<String> {
-    let e = &spec.engine;
-    let drain = e.drain_grace_period.as_std().as_secs_f64().ceil() as u64;
-    let mut args = vec![
-        "serve".to_string(),
-        "--model".to_string(),
-        model_path.to_string(),
-        "--served-model-name".to_string(),
-        spec.model.name.clone(),
-        "--listen".to_string(),
-        format!("0.0.0.0:{HTTP_PORT}"),
-        "--admin-listen".to_string(),
-        format!("0.0.0.0:{ADMIN_PORT}"),
-        "--max-batch-size".to_string(),
-        e.max_batch_size.to_string(),
-        "--max-batch-tokens".to_string(),
-        e.max_batch_tokens.to_string(),
-        "--max-queued-requests".to_string(),
-        e.max_queued_requests.to_string(),
-        "--kv-block-tokens".to_string(),
-        e.kv_cache.block_tokens.to_string(),
-        "--drain-grace".to_string(),
-        format!("{drain}s"),
-        "--log-format".to_string(),
-        "json".to_string(),
-    ];
-    if let Some(ctx) = spec.model.max_context_tokens {
-        args.push("--max-context-tokens".to_string());
-        args.push(ctx.to_string());
-    }
-    args.extend(e.extra_args.iter().cloned());
-    args
-}
-
-fn env(name: &str, value: impl Into<String>) -> EnvVar {
-    EnvVar {
-        name: name.to_string(),
-        value: Some(value.into()),
-        ..EnvVar::default()
+/// Where the engine runs inside the pod (ports, model path, the KV offload mount).
+pub fn pod_launch_site(spec: &InferencePoolSpec, model_path: &str) -> LaunchSite {
+    LaunchSite {
+        model_path: model_path.to_string(),
+        bind_host: "0.0.0.0".to_string(),
+        api_port: launch::HTTP_PORT,
+        admin_port: launch::ADMIN_PORT,
+        kv_disk_dir: spec
+            .engine
+            .kv_cache
+            .disk_offload
+            .as_ref()
+            .map(|_| KV_OFFLOAD_MOUNT.to_string()),
+        log_format: "json",
     }
 }
 
-fn engine_env(pool: &str, spec: &InferencePoolSpec) -> Vec<EnvVar> {
-    let kv = &spec.engine.kv_cache;
-    let mut vars = vec![
-        EnvVar {
-            name: "TIDEGATE_ADMIN_TOKEN".to_string(),
-            value_from: Some(EnvVarSource {
-                secret_key_ref: Some(SecretKeySelector {
-                    name: admin_secret_name(pool),
-                    key: ADMIN_TOKEN_KEY.to_string(),
-                    optional: Some(false),
+/// The engine's environment: the contract's variables, the admin token from the pool's
+/// Secret.
+fn engine_env(pool: &str, vars: &[(&'static str, EnvValue)]) -> Vec<EnvVar> {
+    vars.iter()
+        .map(|(name, value)| match value {
+            EnvValue::Literal(v) => EnvVar {
+                name: name.to_string(),
+                value: Some(v.clone()),
+                ..EnvVar::default()
+            },
+            EnvValue::AdminToken => EnvVar {
+                name: name.to_string(),
+                value_from: Some(EnvVarSource {
+                    secret_key_ref: Some(SecretKeySelector {
+                        name: admin_secret_name(pool),
+                        key: ADMIN_TOKEN_KEY.to_string(),
+                        optional: Some(false),
+                    }),
+                    ..EnvVarSource::default()
                 }),
-                ..EnvVarSource::default()
-            }),
-            ..EnvVar::default()
-        },
-        env(
-            "TIDEGATE_KV_MEMORY_FRACTION",
-            kv.memory_fraction.to_string(),
-        ),
-    ];
-    if let Some(host) = &kv.host_offload {
-        vars.push(env("TIDEGATE_KV_HOST_OFFLOAD", host.0.clone()));
-    }
-    if let Some(disk) = &kv.disk_offload {
-        vars.push(env("TIDEGATE_KV_DISK_OFFLOAD_DIR", KV_OFFLOAD_MOUNT));
-        vars.push(env("TIDEGATE_KV_DISK_OFFLOAD", disk.0.clone()));
-    }
-    vars
+                ..EnvVar::default()
+            },
+        })
+        .collect()
 }
 
 /// Requests = limits: CPU and memory when given, and nvidia.com/gpu when gpus > 0.
@@ -275,13 +252,17 @@ pub fn scrape_annotations() -> BTreeMap<String, String> {
     BTreeMap::from([
         ("prometheus.io/scrape".to_string(), "true".to_string()),
         ("prometheus.io/port".to_string(), HTTP_PORT.to_string()),
-        ("prometheus.io/path".to_string(), "/metrics".to_string()),
+        (
+            "prometheus.io/path".to_string(),
+            launch::METRICS_PATH.to_string(),
+        ),
     ])
 }
 
 /// The engine pod template.
-pub fn pod_template(pool: &str, spec: &InferencePoolSpec) -> Result<PodTemplateSpec, BadModelUri> {
+pub fn pod_template(pool: &str, spec: &InferencePoolSpec) -> Result<PodTemplateSpec, BadPoolSpec> {
     let model = model_location(&spec.model.uri)?;
+    let launch = engine_launch(spec, &pod_launch_site(spec, &model.path))?;
     let mut volumes = vec![empty_dir("tmp", Some("1Gi"))];
     let mut mounts = vec![mount("tmp", "/tmp", false)];
     if let Some(claim) = &model.claim {
@@ -302,8 +283,8 @@ pub fn pod_template(pool: &str, spec: &InferencePoolSpec) -> Result<PodTemplateS
     let container = Container {
         name: "engine".to_string(),
         image: Some(spec.engine.image.clone()),
-        args: Some(engine_args(spec, &model.path)),
-        env: Some(engine_env(pool, spec)),
+        args: Some(launch.args),
+        env: Some(engine_env(pool, &launch.env)),
         ports: Some(vec![
             ContainerPort {
                 name: Some("http".to_string()),
@@ -322,12 +303,12 @@ pub fn pod_template(pool: &str, spec: &InferencePoolSpec) -> Result<PodTemplateS
         // Loading weights may take minutes: the startup probe allows startupGracePeriod (the
         // same time admission waits at the ceiling for pods still starting), then liveness.
         startup_probe: Some(http_probe(
-            "/healthz",
+            launch::HEALTHZ_PATH,
             STARTUP_PROBE_PERIOD_SECONDS,
             startup_probe_failures(spec),
         )),
-        liveness_probe: Some(http_probe("/healthz", 10, 3)),
-        readiness_probe: Some(http_probe("/readyz", 5, 2)),
+        liveness_probe: Some(http_probe(launch::HEALTHZ_PATH, 10, 3)),
+        readiness_probe: Some(http_probe(launch::READYZ_PATH, 5, 2)),
         lifecycle: Some(Lifecycle {
             pre_stop: Some(LifecycleHandler {
                 sleep: Some(SleepAction {
@@ -367,7 +348,7 @@ pub fn deployment(
     spec: &InferencePoolSpec,
     replicas: i32,
     owners: Vec<OwnerReference>,
-) -> Result<Deployment, BadModelUri> {
+) -> Result<Deployment, BadPoolSpec> {
     Ok(Deployment {
         metadata: ObjectMeta {
             name: Some(pool.to_string()),

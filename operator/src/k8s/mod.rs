@@ -20,6 +20,7 @@ pub mod objects;
 pub mod owners;
 pub mod prometheus;
 pub mod registry_store;
+pub mod render;
 pub mod run;
 pub mod runtime;
 pub mod source_switch;
@@ -32,10 +33,10 @@ pub const FIELD_MANAGER: &str = "tidegate-operator";
 pub const ENGINE_APP: &str = "tidegate-engine";
 /// Pod label holding the pool's name (the PodMonitor copies it into the `pool` metric label).
 pub const POOL_LABEL: &str = "tidegate.dev/pool";
-/// Engine API port (OpenAI API, /metrics, /healthz, /readyz).
-pub const HTTP_PORT: i32 = 8000;
-/// Engine admin API port.
-pub const ADMIN_PORT: i32 = 8001;
+/// Engine API port (OpenAI API, /metrics, /healthz, /readyz), from the launch contract.
+pub const HTTP_PORT: i32 = tidegate_api::engine_launch::HTTP_PORT as i32;
+/// Engine admin API port, from the launch contract.
+pub const ADMIN_PORT: i32 = tidegate_api::engine_launch::ADMIN_PORT as i32;
 /// Key of the admin token in the pool's admin Secret.
 pub const ADMIN_TOKEN_KEY: &str = "token";
 

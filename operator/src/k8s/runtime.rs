@@ -26,7 +26,7 @@ use tracing::{debug, info};
 
 use super::owners::OwnerBook;
 use super::{
-    ADMIN_PORT, ADMIN_TOKEN_KEY, FIELD_MANAGER, HTTP_PORT, admin_secret_name, deployment, objects,
+    ADMIN_PORT, ADMIN_TOKEN_KEY, FIELD_MANAGER, HTTP_PORT, admin_secret_name, objects, render,
     selector_string,
 };
 use crate::ports::{Endpoint, PoolRef, RuntimeError, WorkloadRuntime, WorkloadState};
@@ -185,17 +185,16 @@ impl WorkloadRuntime for K8sRuntime {
                 }
             }
         }
-        let dep = deployment::deployment(name, ns, spec, replicas, owners.clone())
+        // The same builder `tidegate-operator render` prints.
+        let objs = render::pool_objects(name, ns, spec, replicas, owners)
             .map_err(|e| err("building the Deployment", pool, e))?;
-        self.ssa::<Deployment>(ns, name, &dep)
+        self.ssa::<Deployment>(ns, name, &objs.deployment)
             .await
             .map_err(|e| err("applying the Deployment", pool, e))?;
-        let svc = objects::service(name, ns, owners.clone());
-        self.ssa::<Service>(ns, name, &svc)
+        self.ssa::<Service>(ns, name, &objs.service)
             .await
             .map_err(|e| err("applying the Service", pool, e))?;
-        let pdb = objects::pod_disruption_budget(name, ns, owners);
-        self.ssa::<PodDisruptionBudget>(ns, name, &pdb)
+        self.ssa::<PodDisruptionBudget>(ns, name, &objs.pdb)
             .await
             .map_err(|e| err("applying the PodDisruptionBudget", pool, e))?;
         info!(pool = %pool, replicas, "applied Deployment, Service and PodDisruptionBudget");

@@ -2,6 +2,10 @@
 //! machine, on loopback ports. Behaves like a Deployment: it keeps the asked-for count,
 //! restarts a replica that crashed, and removes drained replicas first on a scale-down.
 //!
+//! Each replica's command line and environment come from the launch contract
+//! (`tidegate_api::engine_launch`), as a pod's do, at a loopback site: the same pool fields
+//! reach a local engine with the same meaning as in a cluster.
+//!
 //! Invariants: a removed replica gets SIGTERM (the engine drains in-flight requests) and
 //! is killed only if it outlives the pool's drain grace period; every child is killed when
 //! the runtime is dropped, so no engine outlives local mode.
@@ -12,6 +16,7 @@ use std::process::Stdio;
 use std::time::Duration;
 
 use tidegate_api::InferencePoolSpec;
+use tidegate_api::engine_launch::{EnvValue, LaunchSite, READYZ_PATH, engine_launch};
 use tokio::process::{Child, Command};
 use tokio::sync::Mutex;
 use tracing::{info, warn};
@@ -34,6 +39,16 @@ pub struct LocalRuntimeConfig {
     /// When set, the engines' /metrics targets are written here in Prometheus file_sd
     /// format (labels `namespace`, `pool` and `pod`), so a real Prometheus can scrape them.
     pub file_sd_path: Option<PathBuf>,
+}
+
+/// One replica's process: program, arguments and environment.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct LocalCommand {
+    pub program: PathBuf,
+    pub args: Vec<String>,
+    pub env: Vec<(String, String)>,
+    /// Where its spilled KV goes (created before the start), when the pool has a disk tier.
+    pub kv_disk_dir: Option<PathBuf>,
 }
 
 struct Replica {
@@ -102,6 +117,57 @@ impl LocalRuntime {
         })
     }
 
+    /// The command line and environment of one replica: the launch contract at a loopback
+    /// site (the same function the Kubernetes Deployment builder calls), then this
+    /// runtime's own extra arguments.
+    pub fn engine_command(
+        &self,
+        pool: &PoolRef,
+        spec: &InferencePoolSpec,
+        replica: &str,
+        api_port: u16,
+        admin_port: u16,
+    ) -> Result<LocalCommand, RuntimeError> {
+        let model = self.model_path(spec)?;
+        let kv_disk_dir = spec.engine.kv_cache.disk_offload.as_ref().map(|_| {
+            let state = self.cfg.log_dir.parent().unwrap_or(&self.cfg.log_dir);
+            state
+                .join("kv")
+                .join(format!("{}.{replica}", pool.namespace))
+        });
+        let site = LaunchSite {
+            model_path: model.to_string_lossy().into_owned(),
+            bind_host: "127.0.0.1".to_string(),
+            api_port,
+            admin_port,
+            kv_disk_dir: kv_disk_dir
+                .as_ref()
+                .map(|d| d.to_string_lossy().into_owned()),
+            log_format: "text",
+        };
+        let launch =
+            engine_launch(spec, &site).map_err(|e| RuntimeError(format!("{pool}: {e}")))?;
+        let mut args = launch.args;
+        args.extend(self.cfg.extra_args.iter().cloned());
+        let env = launch
+            .env
+            .into_iter()
+            .map(|(name, value)| {
+                let value = match value {
+                    EnvValue::Literal(v) => v,
+                    EnvValue::AdminToken => self.cfg.admin_token.clone(),
+                };
+                (name.to_string(), value)
+            })
+            .collect();
+        Ok(LocalCommand {
+            program: self.cfg.engine_bin.clone(),
+            args,
+            env,
+            kv_disk_dir,
+        })
+    }
+
     fn spawn(
         &self,
         pool: &PoolRef,
@@ -111,7 +177,6 @@ impl LocalRuntime {
         let name = format!("{}-{index}", pool.name);
         let api_port = free_port()?;
         let admin_port = free_port()?;
-        let model = self.model_path(spec)?;
         std::fs::create_dir_all(&self.cfg.log_dir)
             .map_err(|e| RuntimeError(format!("log dir: {e}")))?;
         let log_path = self
@@ -121,24 +186,14 @@ impl LocalRuntime {
         let log = std::fs::File::create(&log_path)
             .map_err(|e| RuntimeError(format!("{}: {e}", log_path.display())))?;
         let err_log = log.try_clone().map_err(|e| RuntimeError(e.to_string()))?;
-        let mut cmd = Command::new(&self.cfg.engine_bin);
-        cmd.arg("serve")
-            .arg("--model")
-            .arg(&model)
-            .arg("--served-model-name")
-            .arg(&spec.model.name)
-            .arg("--listen")
-            .arg(format!("127.0.0.1:{api_port}"))
-            .arg("--admin-listen")
-            .arg(format!("127.0.0.1:{admin_port}"))
-            .arg("--max-batch-size")
-            .arg(spec.engine.max_batch_size.to_string())
-            .arg("--max-queued-requests")
-            .arg(spec.engine.max_queued_requests.to_string())
-            .args(&spec.engine.extra_args)
-            .args(&self.cfg.extra_args)
-            .env("TIDEGATE_ADMIN_TOKEN", &self.cfg.admin_token)
-            .env("TIDEGATE_REPLICA", &name)
+        let launch = self.engine_command(pool, spec, &name, api_port, admin_port)?;
+        if let Some(dir) = &launch.kv_disk_dir {
+            std::fs::create_dir_all(dir)
+                .map_err(|e| RuntimeError(format!("{}: {e}", dir.display())))?;
+        }
+        let mut cmd = Command::new(&launch.program);
+        cmd.args(&launch.args)
+            .envs(launch.env.iter().map(|(k, v)| (k, v)))
             .stdin(Stdio::null())
             .stdout(Stdio::from(log))
             .stderr(Stdio::from(err_log))
@@ -186,7 +241,7 @@ impl LocalRuntime {
 
     async fn ready(&self, r: &Replica) -> bool {
         matches!(
-            self.http.get(format!("http://127.0.0.1:{}/readyz", r.api_port)).send().await,
+            self.http.get(format!("http://127.0.0.1:{}{READYZ_PATH}", r.api_port)).send().await,
             Ok(resp) if resp.status().is_success()
         )
     }

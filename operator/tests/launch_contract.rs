@@ -1,0 +1,300 @@
+//! The launch-contract drift test: the engine command lines and environments both runtimes
+//! produce, for every pool under examples/ and for a pool with every optional field set, are
+//! parsed by the engine's own `serve` parser. A flag the engine refuses, a variable it does
+//! not read, or a pool field that arrives with another meaning fails here, not as a crash
+//! loop in a cluster.
+
+use std::collections::BTreeSet;
+use std::path::{Path, PathBuf};
+
+use k8s_openapi::api::core::v1::Container;
+use tidegate_api::engine_launch::{self as launch, whole_seconds};
+use tidegate_api::{InferencePool, InferencePoolSpec};
+use tidegate_engine::server::cli::{ServeArgs, parse_serve, serve_command};
+use tidegate_operator::k8s::deployment::{KV_OFFLOAD_MOUNT, model_location, pod_template};
+use tidegate_operator::local::files::load_manifests;
+use tidegate_operator::local::runtime::{LocalRuntime, LocalRuntimeConfig};
+use tidegate_operator::ports::PoolRef;
+
+fn repo() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .parent()
+        .expect("repo root")
+        .to_path_buf()
+}
+
+/// Every InferencePool under examples/ (not examples/invalid/, which the API server refuses).
+fn example_pools() -> Vec<InferencePool> {
+    let mut dirs = vec![repo().join("examples")];
+    let mut files = Vec::new();
+    while let Some(dir) = dirs.pop() {
+        for entry in std::fs::read_dir(&dir).expect("read examples") {
+            let p = entry.expect("entry").path();
+            if p.is_dir() && p.file_name().is_some_and(|n| n != "invalid") {
+                dirs.push(p);
+            } else if p.extension().is_some_and(|x| x == "yaml") {
+                files.push(p);
+            }
+        }
+    }
+    let pools = load_manifests(&files).expect("examples parse").pools;
+    assert!(pools.len() >= 2, "examples hold the 8B and the local pool");
+    pools
+}
+
+/// A pool with every optional engine-facing field set.
+fn every_field_pool() -> InferencePool {
+    serde_saphyr::from_str(
+        r#"
+apiVersion: tidegate.dev/v1alpha1
+kind: InferencePool
+metadata: {name: full, namespace: ns}
+spec:
+  model: {name: m-1, uri: "pvc://weights/m", format: GGUF, maxContextTokens: 4096}
+  engine:
+    image: img
+    resources: {gpus: 0, cpu: "2", memory: 3Gi}
+    kvCache: {blockTokens: 32, memoryFraction: 0.5, hostOffload: 512Mi, diskOffload: 2Gi}
+    maxBatchSize: 7
+    maxBatchTokens: 999
+    maxQueuedRequests: 3
+    drainGracePeriod: 1500ms
+    startupGracePeriod: 2m
+    extraArgs: ["--threads", "1"]
+  replicas: {min: 1, max: 2}
+"#,
+    )
+    .expect("every-field pool")
+}
+
+/// Every variable the engine's `serve` reads.
+fn engine_env_names() -> BTreeSet<String> {
+    serve_command()
+        .get_arguments()
+        .filter_map(|a| a.get_env())
+        .map(|e| e.to_string_lossy().into_owned())
+        .collect()
+}
+
+fn bytes(q: Option<&tidegate_api::Quantity>) -> u64 {
+    q.map_or(0, |q| q.to_bytes().expect("a byte quantity"))
+}
+
+/// The parsed flags mean what the pool's fields say.
+fn assert_same_meaning(what: &str, spec: &InferencePoolSpec, a: &ServeArgs) {
+    let e = &spec.engine;
+    let kv = &e.kv_cache;
+    assert_eq!(
+        a.served_model_name.as_deref(),
+        Some(spec.model.name.as_str()),
+        "{what}"
+    );
+    assert_eq!(
+        launch::model_format_arg(spec.model.format),
+        format!("{:?}", a.model_format).to_lowercase(),
+        "{what}: model.format"
+    );
+    assert_eq!(a.max_batch_size as i32, e.max_batch_size, "{what}");
+    assert_eq!(a.max_batch_tokens as i32, e.max_batch_tokens, "{what}");
+    assert_eq!(
+        a.max_queued_requests as i32, e.max_queued_requests,
+        "{what}"
+    );
+    assert_eq!(
+        a.max_context_tokens.map(|c| c as i32),
+        spec.model.max_context_tokens,
+        "{what}: model.maxContextTokens"
+    );
+    assert_eq!(a.kv_block_tokens as i32, kv.block_tokens, "{what}");
+    assert_eq!(a.kv_memory_fraction, Some(kv.memory_fraction), "{what}");
+    assert_eq!(
+        a.memory_limit.as_ref().and_then(|q| q.to_bytes()),
+        e.resources.memory.as_ref().and_then(|q| q.to_bytes()),
+        "{what}: resources.memory"
+    );
+    assert_eq!(
+        a.kv_host_offload.to_bytes(),
+        Some(bytes(kv.host_offload.as_ref())),
+        "{what}: kvCache.hostOffload"
+    );
+    assert_eq!(
+        a.kv_disk_offload.to_bytes(),
+        Some(bytes(kv.disk_offload.as_ref())),
+        "{what}: kvCache.diskOffload"
+    );
+    assert_eq!(
+        a.kv_disk_dir.is_some(),
+        kv.disk_offload.is_some(),
+        "{what}: a disk tier has a directory"
+    );
+    assert_eq!(
+        format!("{}s", a.drain_grace.as_secs()),
+        whole_seconds(&e.drain_grace_period),
+        "{what}: drainGracePeriod"
+    );
+    assert!(
+        a.admin_token.is_none(),
+        "{what}: the token never travels as a flag"
+    );
+}
+
+fn check_pod(pool: &InferencePool) {
+    let name = pool.metadata.name.as_deref().expect("name");
+    let what = format!("pod of {name}");
+    let template = pod_template(name, &pool.spec).expect("pod template");
+    let pod = template.spec.expect("pod spec");
+    let c: &Container = &pod.containers[0];
+    let args = c.args.clone().expect("args");
+    assert!(
+        c.command.is_none(),
+        "{what}: the image's entrypoint is the engine"
+    );
+    let parsed = parse_serve(&args).unwrap_or_else(|e| panic!("{what}: {args:?}\n{e}"));
+    assert_same_meaning(&what, &pool.spec, &parsed);
+    let model = model_location(&pool.spec.model.uri).expect("uri");
+    assert_eq!(
+        parsed.model.as_deref(),
+        Some(Path::new(&model.path)),
+        "{what}"
+    );
+    assert_eq!(parsed.listen.port(), launch::HTTP_PORT, "{what}");
+    assert_eq!(parsed.admin_listen.port(), launch::ADMIN_PORT, "{what}");
+    if pool.spec.engine.kv_cache.disk_offload.is_some() {
+        assert_eq!(
+            parsed.kv_disk_dir.as_deref(),
+            Some(Path::new(KV_OFFLOAD_MOUNT))
+        );
+        let mounts = c.volume_mounts.clone().unwrap_or_default();
+        assert!(
+            mounts.iter().any(|m| m.mount_path == KV_OFFLOAD_MOUNT),
+            "{what}: the disk tier's directory is mounted"
+        );
+    }
+    let known = engine_env_names();
+    for var in c.env.clone().unwrap_or_default() {
+        assert!(
+            known.contains(&var.name),
+            "{what}: the engine does not read {}",
+            var.name
+        );
+    }
+    let ports: Vec<i32> = c.ports.iter().flatten().map(|p| p.container_port).collect();
+    assert!(
+        ports.contains(&parsed.listen.port().into()),
+        "{what}: {ports:?}"
+    );
+}
+
+fn check_local(pool: &InferencePool) {
+    let name = pool.metadata.name.as_deref().expect("name");
+    let what = format!("local engine of {name}");
+    if !pool.spec.model.uri.starts_with("file://") {
+        return; // local mode serves file:// models only (and says so)
+    }
+    let state = tempfile::tempdir().expect("tempdir");
+    let runtime = LocalRuntime::new(LocalRuntimeConfig {
+        engine_bin: PathBuf::from("tidegate-engine"),
+        base_dir: repo(),
+        log_dir: state.path().join("logs"),
+        admin_token: "t".to_string(),
+        extra_args: Vec::new(),
+        file_sd_path: None,
+    });
+    let pref = PoolRef {
+        namespace: "ns".to_string(),
+        name: name.to_string(),
+    };
+    let cmd = runtime
+        .engine_command(&pref, &pool.spec, "r-0", 18000, 18001)
+        .expect("command");
+    let parsed = parse_serve(&cmd.args).unwrap_or_else(|e| panic!("{what}: {:?}\n{e}", cmd.args));
+    assert_same_meaning(&what, &pool.spec, &parsed);
+    assert_eq!(parsed.listen.port(), 18000, "{what}");
+    let known = engine_env_names();
+    for (var, _) in &cmd.env {
+        assert!(
+            known.contains(var),
+            "{what}: the engine does not read {var}"
+        );
+    }
+}
+
+/// A local-mode pool (`file://` relative to the manifests) as a pod would take it: the same
+/// pool with the model at an absolute path in the image.
+fn as_cluster_pool(pool: &InferencePool) -> InferencePool {
+    let mut p = pool.clone();
+    if let Some(rel) = p.spec.model.uri.strip_prefix("file://")
+        && !rel.starts_with('/')
+    {
+        p.spec.model.uri = format!("file:///{rel}");
+    }
+    p
+}
+
+#[test]
+fn every_example_pool_launches_with_flags_the_engine_parses_with_the_same_meaning() {
+    for pool in example_pools().iter().chain([&every_field_pool()]) {
+        check_pod(&as_cluster_pool(pool));
+    }
+}
+
+#[test]
+fn local_engines_launch_from_the_same_contract() {
+    let mut local = every_field_pool();
+    local.spec.model.uri = "file://models/m".to_string();
+    for pool in example_pools().iter().chain([&local]) {
+        check_local(pool);
+    }
+}
+
+#[test]
+fn every_engine_facing_spec_field_is_accounted_for() {
+    // A new field under spec.model or spec.engine must be mapped to a flag (and checked in
+    // assert_same_meaning) or named here as the operator's own.
+    let operator_only = [
+        "uri",
+        "image",
+        "resources",
+        "startupGracePeriod",
+        "extraArgs",
+    ];
+    let mapped = [
+        "name",
+        "format",
+        "maxContextTokens",
+        "kvCache",
+        "maxBatchSize",
+        "maxBatchTokens",
+        "maxQueuedRequests",
+        "drainGracePeriod",
+        "blockTokens",
+        "memoryFraction",
+        "hostOffload",
+        "diskOffload",
+    ];
+    let spec = serde_json::to_value(&every_field_pool().spec).expect("json");
+    let mut seen = Vec::new();
+    for section in ["model", "engine"] {
+        seen.extend(spec[section].as_object().expect(section).keys().cloned());
+    }
+    seen.extend(
+        spec["engine"]["kvCache"]
+            .as_object()
+            .expect("kv")
+            .keys()
+            .cloned(),
+    );
+    for key in seen {
+        assert!(
+            mapped.contains(&key.as_str()) || operator_only.contains(&key.as_str()),
+            "spec field {key:?} is neither passed to the engine nor marked operator-only"
+        );
+    }
+}
+
+#[test]
+fn a_flag_the_engine_does_not_know_is_refused_by_its_parser() {
+    // The drift this test exists for: the operator once passed a flag the engine lacked.
+    let err = parse_serve(["serve", "--model", "/m", "--no-such-flag", "1"]).expect_err("refused");
+    assert!(err.to_string().contains("--no-such-flag"), "{err}");
+}
