@@ -23,7 +23,7 @@ step "cargo test --workspace"
 cargo test --workspace --quiet
 
 failed=0
-for script in e2e/api-slice.sh e2e/pod-smoke.sh e2e/chart.sh e2e/argocd-health.sh e2e/promql.sh e2e/openai-client.sh e2e/loop.sh e2e/local-mode.sh; do
+for script in e2e/api-slice.sh e2e/bad-object.sh e2e/pod-smoke.sh e2e/chart.sh e2e/argocd-health.sh e2e/promql.sh e2e/openai-client.sh e2e/loop.sh e2e/local-mode.sh; do
     [ -f "$script" ] || continue
     step "bash $script"
     if ! bash "$script"; then

@@ -24,6 +24,7 @@ use tidegate_operator::k8s::events::EventSink;
 use tidegate_operator::k8s::manager::{ControllerOptions, run_controller};
 use tidegate_operator::k8s::metrics::OperatorMetrics;
 use tidegate_operator::k8s::owners::OwnerBook;
+use tidegate_operator::k8s::shutdown::Shutdown;
 use tidegate_operator::plan::{MetricsProblem, PoolMetrics};
 use tidegate_operator::ports::{
     ControlError, Endpoint, EngineControl, MetricsSource, PoolRef, RegistryError, RegistryStore,
@@ -241,12 +242,14 @@ async fn operator_fills_status_on_a_real_api_server() {
         Arc::new(OperatorMetrics::new()),
     );
     ctx.read_secrets = false;
+    let (shutdown, _trigger) = Shutdown::manual();
     let controller = tokio::spawn(run_controller(
         Arc::new(ctx),
         ControllerOptions {
             namespaces: vec![ns.clone()],
             watch_owned: false,
         },
+        shutdown,
     ));
 
     // The policy is missing: status is written anyway, with Ready=False TierPolicyNotFound.

@@ -22,6 +22,7 @@ use tidegate_api::status::InferencePoolStatus;
 use tidegate_operator::driver::Driver;
 use tidegate_operator::k8s::controller::{Context, reconcile};
 use tidegate_operator::k8s::events::EventSink;
+use tidegate_operator::k8s::lenient::Lenient;
 use tidegate_operator::k8s::metrics::OperatorMetrics;
 use tidegate_operator::k8s::owners::OwnerBook;
 use tidegate_operator::k8s::registry_store::ConfigMapRegistry;
@@ -580,7 +581,7 @@ async fn run(scenario: Scenario) -> Run {
     );
     ctx.clock = Arc::new(|| NOW);
     let ctx = Arc::new(ctx);
-    let pool = Arc::new(scenario.pool());
+    let pool = Arc::new(Lenient::from(scenario.pool()));
     let verifier = tokio::spawn(verify(handle, scenario.calls()));
     let action = tokio::time::timeout(
         Duration::from_secs(10),

@@ -20,6 +20,10 @@ pub mod reasons {
     pub const REPLICAS_NOT_READY: &str = "ReplicasNotReady";
     pub const NO_REPLICAS: &str = "NoReplicas";
     pub const TIER_POLICY_NOT_FOUND: &str = "TierPolicyNotFound";
+    /// The referenced TierPolicy exists but the operator cannot read it.
+    pub const TIER_POLICY_INVALID: &str = "TierPolicyInvalid";
+    /// The pool's own spec cannot be read by the operator (the message names the field).
+    pub const INVALID_SPEC: &str = "InvalidSpec";
     // MetricsAvailable
     pub const METRICS_FRESH: &str = "MetricsFresh";
     pub const METRICS_UNREACHABLE: &str = "MetricsUnreachable";

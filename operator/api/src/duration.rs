@@ -1,8 +1,12 @@
 //! Human durations as they appear in manifests: `"500ms"`, `"15s"`, `"5m"`, `"1h30m"`.
 //!
-//! Invariant: a `Duration` always round-trips through its string form, and the schema
-//! pattern accepts exactly what `FromStr` accepts, so the API server refuses what the
-//! operator could not parse.
+//! Invariants:
+//! - a `Duration` always round-trips through its string form;
+//! - the schema accepts exactly what `FromStr` accepts: the pattern checks the form, a CEL
+//!   rule the range (at most [`MAX_SECS`]), so the API server refuses what the operator
+//!   could not parse. Fields where zero makes no sense use [`positive_schema`], which also
+//!   refuses `0s`;
+//! - every constructor is total: [`Duration::from_secs_f64`] saturates instead of panicking.
 
 use std::borrow::Cow;
 use std::fmt;
@@ -13,6 +17,14 @@ use serde::{Deserialize, Deserializer, Serialize, Serializer};
 
 /// The regular expression the CRD schema uses for every duration field.
 pub const DURATION_PATTERN: &str = r"^([0-9]+(\.[0-9]+)?(ms|s|m|h))+$";
+
+/// The longest duration the operator accepts, in seconds (about 31 years). `FromStr` refuses
+/// longer ones; the CRD schema refuses them too, so no stored object carries one.
+pub const MAX_SECS: u64 = 1_000_000_000;
+
+/// Longest string the schema accepts: far more than any sensible duration needs, and a bound
+/// the API server needs to estimate the cost of the CEL rules.
+pub const MAX_LEN: u64 = 64;
 
 /// A non-negative duration written with units (`ms`, `s`, `m`, `h`), e.g. `"1m30s"`.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, PartialOrd, Ord, Hash)]
@@ -37,9 +49,18 @@ impl Duration {
         Duration(std::time::Duration::from_millis(ms))
     }
 
+    /// Seconds as a float, total: negative values and NaN give zero, values at or above
+    /// `u64::MAX` seconds (+inf included) give the largest `std::time::Duration`. Metric values
+    /// reach this unchecked, and a panic there would stop the whole operator.
     pub fn from_secs_f64(s: f64) -> Self {
-        Duration(std::time::Duration::from_secs_f64(s.max(0.0)))
+        if s.is_nan() || s <= 0.0 {
+            return Duration::ZERO;
+        }
+        Duration(std::time::Duration::try_from_secs_f64(s).unwrap_or(std::time::Duration::MAX))
     }
+
+    /// The longest duration the schema and `FromStr` accept.
+    pub const MAX: Duration = Duration::from_secs(MAX_SECS);
 
     pub fn as_secs_f64(&self) -> f64 {
         self.0.as_secs_f64()
@@ -101,7 +122,7 @@ impl FromStr for Duration {
             total += value * scale;
             rest = &tail[unit_len..];
         }
-        if !total.is_finite() || total > 1.0e9 {
+        if !total.is_finite() || total > MAX_SECS as f64 {
             return Err(err("out of range"));
         }
         Ok(Duration::from_secs_f64(total))
@@ -167,11 +188,34 @@ impl JsonSchema for Duration {
     }
 
     fn json_schema(_: &mut SchemaGenerator) -> Schema {
-        json_schema!({
-            "type": "string",
-            "pattern": DURATION_PATTERN,
-        })
+        schema(false)
     }
+}
+
+/// Schema of a duration that must be longer than zero (`#[schemars(schema_with = ...)]`), for
+/// fields where `0s` would make the operator spin, refuse everything or flap.
+pub fn positive_schema(_: &mut SchemaGenerator) -> Schema {
+    schema(true)
+}
+
+fn schema(positive: bool) -> Schema {
+    let max = Duration::MAX.to_string();
+    let mut rules = vec![serde_json::json!({
+        "rule": format!("duration(self) <= duration('{max}')"),
+        "message": format!("must be at most {max}"),
+    })];
+    if positive {
+        rules.push(serde_json::json!({
+            "rule": "duration(self) > duration('0s')",
+            "message": "must be longer than 0s",
+        }));
+    }
+    json_schema!({
+        "type": "string",
+        "pattern": DURATION_PATTERN,
+        "maxLength": MAX_LEN,
+        "x-kubernetes-validations": rules,
+    })
 }
 
 #[cfg(test)]
@@ -203,6 +247,40 @@ mod tests {
         for bad in ["", "5", "s", "1x", "-1s", "1.s", ".5s", "1..2s", "5 m"] {
             assert!(bad.parse::<Duration>().is_err(), "{bad}");
         }
+    }
+
+    #[test]
+    fn refuses_more_than_max() {
+        let max: Duration = Duration::MAX.to_string().parse().unwrap();
+        assert_eq!(max, Duration::MAX);
+        for bad in ["1000000001s", "277778h", "99999999999999999999999h"] {
+            let e = bad.parse::<Duration>().unwrap_err();
+            assert!(e.to_string().contains("out of range"), "{bad}: {e}");
+        }
+    }
+
+    #[test]
+    fn from_secs_f64_is_total() {
+        assert_eq!(Duration::from_secs_f64(f64::NAN), Duration::ZERO);
+        assert_eq!(Duration::from_secs_f64(-1.0), Duration::ZERO);
+        assert_eq!(Duration::from_secs_f64(f64::NEG_INFINITY), Duration::ZERO);
+        let max = Duration::from(std::time::Duration::MAX);
+        assert_eq!(Duration::from_secs_f64(f64::INFINITY), max);
+        assert_eq!(Duration::from_secs_f64(1e300), max);
+        assert_eq!(Duration::from_secs_f64(1.5).as_secs_f64(), 1.5);
+    }
+
+    #[test]
+    fn schema_bounds_the_range() {
+        let text =
+            serde_json::to_string(&positive_schema(&mut SchemaGenerator::default())).unwrap();
+        assert!(
+            text.contains("duration(self) <= duration('277777h46m40s')"),
+            "{text}"
+        );
+        assert!(text.contains("duration(self) > duration('0s')"), "{text}");
+        let plain = serde_json::to_string(&schema(false)).unwrap();
+        assert!(!plain.contains("> duration('0s')"), "{plain}");
     }
 
     #[test]

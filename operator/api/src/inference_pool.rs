@@ -4,6 +4,10 @@
 //! declared with serde so the schema advertises it and the API server fills it in. Cross-field
 //! rules are CEL (`x-kubernetes-validations`) so a bad manifest is refused by the API server,
 //! not discovered later by the operator.
+//!
+//! Every duration is bounded by the schema as `FromStr` bounds it (see `duration`); the ones
+//! where zero would make the operator spin (interval), divide by nothing (rateWindow) or
+//! refuse everything (queueWaitP99) use `positive_schema` and refuse `0s` as well.
 
 // The kube derive takes one `printcolumn(...)`/`shortname` per column or name, which clippy
 // mistakes for duplicated attributes.
@@ -214,6 +218,7 @@ pub struct EngineSpec {
     /// the replicas' request (scheduling and image pull included) before it counts the ready
     /// ones as all the capacity the pool has.
     #[serde(default = "default_startup_grace")]
+    #[schemars(schema_with = "crate::duration::positive_schema")]
     pub startup_grace_period: Duration,
     /// Extra command-line arguments passed to the engine.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
@@ -343,6 +348,7 @@ pub struct Slo {
     pub tokens_per_second_per_session: f64,
     /// Target for the p99 time a request waits in an engine queue before its first step.
     #[serde(default = "default_queue_wait")]
+    #[schemars(schema_with = "crate::duration::positive_schema")]
     pub queue_wait_p99: Duration,
     /// Fraction of measured capacity the pool is sized to run at; the rest is headroom.
     #[serde(default = "default_target_utilization")]
@@ -383,6 +389,7 @@ pub struct Scaling {
     pub mode: ScalingMode,
     /// How often the operator measures and decides.
     #[serde(default = "default_interval")]
+    #[schemars(schema_with = "crate::duration::positive_schema")]
     pub interval: Duration,
     /// A scale-up must be wanted for this long before it happens (0s: at once).
     #[serde(default = "default_up_window")]
@@ -466,9 +473,11 @@ pub struct MetricsSource {
     /// Window of the counter rates, the p99 queue wait and the running/waiting averages (in
     /// the Prometheus queries, or over the direct scrapes).
     #[serde(default = "default_rate_window")]
+    #[schemars(schema_with = "crate::duration::positive_schema")]
     pub rate_window: Duration,
     /// Samples older than this are stale: the operator holds its last decision.
     #[serde(default = "default_stale_after")]
+    #[schemars(schema_with = "crate::duration::positive_schema")]
     pub stale_after: Duration,
 }
 
@@ -524,12 +533,15 @@ pub struct Admission {
     pub pause_after: Duration,
     /// How long the pool must stay under the resume threshold before reopening.
     #[serde(default = "default_hold_time")]
+    #[schemars(schema_with = "crate::duration::positive_schema")]
     pub hold_time: Duration,
     /// A tenant served within this window is an existing tenant and is never paused.
     #[serde(default = "default_tenant_memory")]
+    #[schemars(schema_with = "crate::duration::positive_schema")]
     pub tenant_memory: Duration,
     /// Retry-After sent to paused new tenants.
     #[serde(default = "default_retry_after")]
+    #[schemars(schema_with = "crate::duration::positive_schema")]
     pub retry_after: Duration,
 }
 

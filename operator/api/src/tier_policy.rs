@@ -90,6 +90,7 @@ pub struct Tier {
     pub priority: i32,
     /// Target for this tier's queue wait; a request that would wait longer is refused with 503.
     #[serde(default = "default_queue_wait_target")]
+    #[schemars(schema_with = "crate::duration::positive_schema")]
     pub queue_wait_target: Duration,
     /// Output tokens a request of this tier may ask for; larger max_tokens are clamped.
     #[serde(default = "default_max_output_tokens")]

@@ -1,7 +1,9 @@
 //! The InferencePool controller: a thin reconcile around `Driver::tick`.
 //!
-//! reconcile(pool): record its owner reference → load its TierPolicy (missing: Ready=False
-//! TierPolicyNotFound, reconcile on with no tiers) → read API keys from the policy's Secret
+//! reconcile(pool): an unreadable pool (see `lenient`) gets Ready=False InvalidSpec and is
+//! otherwise left alone → record its owner reference → load its TierPolicy (missing: Ready=False
+//! TierPolicyNotFound; unreadable: Ready=False TierPolicyInvalid and Invalid on the policy;
+//! either way reconcile on with no tiers) → read API keys from the policy's Secret
 //! → tick the driver (observe, measure, plan, drain, act, push, persist) → re-apply the
 //! workload when the spec changed without a replica change → patch status → publish plan
 //! events → record metrics → requeue after spec.scaling.interval.
@@ -27,6 +29,9 @@ use tidegate_api::engine_admin::ApiKeyEntry;
 use tidegate_api::status::InferencePoolStatus;
 use tidegate_api::{InferencePool, TierPolicy, TierPolicySpec};
 use tracing::{info, warn};
+
+use super::lenient::Lenient;
+use super::unreadable;
 
 use super::api_keys::parse_api_keys;
 use super::events::EventSink;
@@ -158,21 +163,47 @@ fn interval(pool: &InferencePool) -> Duration {
         .max(Duration::from_secs(1))
 }
 
-/// Loads the pool's TierPolicy: Ok(None) when it has no reference, Err(name) when the
-/// referenced policy does not exist.
+/// The pool's TierPolicy, as far as it can be had.
+enum Policy {
+    /// No tierPolicyRef, or the policy itself.
+    Found(Option<TierPolicySpec>),
+    /// The referenced policy does not exist.
+    Missing(String),
+    /// The referenced policy exists but cannot be read (it was told so on its status).
+    Unreadable(String),
+}
+
+/// Loads the pool's TierPolicy; an unreadable one gets Ready=False Invalid on its status.
 async fn load_policy(
     client: &Client,
     ns: &str,
     pool: &InferencePool,
-) -> Result<Result<Option<TierPolicySpec>, String>, kube::Error> {
+    now: Millis,
+) -> Result<Policy, kube::Error> {
     let Some(r) = &pool.spec.tier_policy_ref else {
-        return Ok(Ok(None));
+        return Ok(Policy::Found(None));
     };
-    let api: Api<TierPolicy> = Api::namespaced(client.clone(), ns);
-    Ok(match api.get_opt(&r.name).await? {
-        Some(tp) => Ok(Some(tp.spec)),
-        None => Err(r.name.clone()),
-    })
+    let api: Api<Lenient<TierPolicy>> = Api::namespaced(client.clone(), ns);
+    let Some(tp) = api.get_opt(&r.name).await? else {
+        return Ok(Policy::Missing(r.name.clone()));
+    };
+    match tp.parsed {
+        Ok(tp) => Ok(Policy::Found(Some(tp.spec))),
+        Err(bad) => {
+            warn!(policy = %r.name, namespace = ns, error = %bad.message, "TierPolicy cannot be read");
+            let generation = tp.metadata.generation;
+            unreadable::report(
+                &api,
+                &r.name,
+                &bad,
+                unreadable::POLICY_REASON,
+                generation,
+                now,
+            )
+            .await?;
+            Ok(Policy::Unreadable(r.name.clone()))
+        }
+    }
 }
 
 /// API keys of a policy; problems are logged and yield no keys (requests then fall to the
@@ -211,21 +242,35 @@ async fn load_api_keys(
     })
 }
 
-/// Ready=False TierPolicyNotFound, keeping lastTransitionTime if it was already so.
-fn mark_policy_missing(
+/// Ready=False TierPolicyNotFound or TierPolicyInvalid, keeping lastTransitionTime if it was
+/// already so. `policy` is a `Policy::Missing` or `Policy::Unreadable`.
+fn mark_policy_problem(
     status: &mut InferencePoolStatus,
     previous: Option<&InferencePoolStatus>,
-    policy: &str,
+    policy: &Policy,
     now: Millis,
     generation: Option<i64>,
 ) {
+    let (reason, message) = match policy {
+        Policy::Found(_) => return,
+        Policy::Missing(name) => (
+            reasons::TIER_POLICY_NOT_FOUND,
+            format!(
+                "TierPolicy {name:?} not found in this namespace; serving with a single default tier"
+            ),
+        ),
+        Policy::Unreadable(name) => (
+            reasons::TIER_POLICY_INVALID,
+            format!(
+                "TierPolicy {name:?} cannot be read (its status says why); serving with a single default tier"
+            ),
+        ),
+    };
     let planned = [ConditionPlan {
         type_: types::READY,
         status: cstatus::FALSE,
-        reason: reasons::TIER_POLICY_NOT_FOUND,
-        message: format!(
-            "TierPolicy {policy:?} not found in this namespace; serving with a single default tier"
-        ),
+        reason,
+        message,
     }];
     let prev = previous.map(|p| p.conditions.as_slice()).unwrap_or(&[]);
     let merged = merge_conditions(prev, &planned, now, generation);
@@ -241,10 +286,38 @@ fn driver_applied(outcome: &TickOutcome) -> bool {
     current.is_none() || (outcome.draining.is_empty() && Some(outcome.plan.replicas) != current)
 }
 
-/// Reconciles one InferencePool.
+/// Reconciles one InferencePool: reports it when it cannot be read, ticks it otherwise.
 pub async fn reconcile<W, M, E, R>(
-    pool: Arc<InferencePool>,
+    obj: Arc<Lenient<InferencePool>>,
     ctx: Arc<Context<W, M, E, R>>,
+) -> Result<Action, Error>
+where
+    W: WorkloadRuntime,
+    M: MetricsSource,
+    E: EngineControl,
+    R: RegistryStore,
+{
+    match obj.get() {
+        Ok(pool) => reconcile_pool(pool, &ctx).await,
+        Err(bad) => {
+            let ns = obj.namespace().ok_or(Error::NoNamespace)?;
+            let name = obj.name_any();
+            warn!(pool = %format!("{ns}/{name}"), error = %bad.message, "InferencePool cannot be read; reporting it on its status");
+            let api: Api<Lenient<InferencePool>> = Api::namespaced(ctx.client.clone(), &ns);
+            let generation = obj.metadata.generation;
+            let now = (ctx.clock)();
+            unreadable::report(&api, &name, bad, unreadable::POOL_REASON, generation, now).await?;
+            ctx.metrics.error("unreadable");
+            // A fix is a spec change, which triggers a reconcile by itself.
+            Ok(Action::await_change())
+        }
+    }
+}
+
+/// Ticks one readable InferencePool.
+async fn reconcile_pool<W, M, E, R>(
+    pool: &InferencePool,
+    ctx: &Context<W, M, E, R>,
 ) -> Result<Action, Error>
 where
     W: WorkloadRuntime,
@@ -261,7 +334,7 @@ where
         ctx.forget(&pref).await;
         return Ok(Action::await_change());
     }
-    let every = interval(&pool);
+    let every = interval(pool);
     let generation = pool.meta().generation;
 
     // Debounce: one tick per interval unless the spec or the policy changed.
@@ -278,11 +351,11 @@ where
         return Ok(Action::requeue(wait));
     }
 
-    ctx.owners.record(&pool);
-    let policy = load_policy(&ctx.client, &ns, &pool).await?;
-    let (tiers, missing_policy) = match policy {
-        Ok(t) => (t, None),
-        Err(name) => (None, Some(name)),
+    ctx.owners.record(pool);
+    let policy = load_policy(&ctx.client, &ns, pool, (ctx.clock)()).await?;
+    let tiers = match &policy {
+        Policy::Found(t) => t.clone(),
+        Policy::Missing(_) | Policy::Unreadable(_) => None,
     };
     let keys = match (&tiers, ctx.read_secrets) {
         (Some(t), true) => load_api_keys(&ctx.client, &ns, &pref, t).await,
@@ -324,9 +397,7 @@ where
     };
 
     let mut status = outcome.status.clone();
-    if let Some(name) = &missing_policy {
-        mark_policy_missing(&mut status, previous, name, now, generation);
-    }
+    mark_policy_problem(&mut status, previous, &policy, now, generation);
     let api: Api<InferencePool> = Api::namespaced(ctx.client.clone(), &ns);
     let patch = serde_json::json!({ "status": status });
     api.patch_status(&pref.name, &PatchParams::default(), &Patch::Merge(&patch))
@@ -347,7 +418,7 @@ where
         ready = outcome.workload.ready_replicas,
         desired = outcome.plan.desired_replicas,
         admission = outcome.plan.admission.state.as_str(),
-        tier_policy_missing = missing_policy.is_some(),
+        tier_policy_problem = !matches!(policy, Policy::Found(_)),
         reapplied,
         decision = %outcome.plan.explanation,
         "reconciled"
@@ -363,7 +434,7 @@ pub fn backoff(failures: u32) -> Duration {
 
 /// Counts the error and requeues with backoff.
 pub fn error_policy<W, M, E, R>(
-    pool: Arc<InferencePool>,
+    pool: Arc<Lenient<InferencePool>>,
     error: &Error,
     ctx: Arc<Context<W, M, E, R>>,
 ) -> Action

@@ -4,6 +4,10 @@
 //! namespace whose tierPolicyRef names them; and, unless the API server has none (local
 //! workload), the Deployments, Services and PodDisruptionBudgets the operator owns.
 //! With several namespaces, one controller runs per namespace over the same context.
+//!
+//! Pools and policies are watched as `Lenient` objects: one the operator cannot parse is
+//! reported on its own status and never fails the list the others arrive in. A shutdown
+//! request stops the watches at once and leaves in-flight reconciles `DRAIN_LIMIT` to end.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -20,6 +24,8 @@ use tidegate_api::{InferencePool, TierPolicy};
 use tracing::{debug, info, warn};
 
 use super::controller::{Context, error_policy, reconcile};
+use super::lenient::Lenient;
+use super::shutdown::Shutdown;
 use crate::ports::{EngineControl, MetricsSource, PoolRef, RegistryStore, WorkloadRuntime};
 
 /// What the controller watches.
@@ -42,11 +48,11 @@ where
     }
 }
 
-/// Pools in `store` that reference `policy`.
+/// Pools in `store` that reference `policy` (readable or not: only its name matters).
 pub fn pools_using(
-    store: &Store<InferencePool>,
-    policy: &TierPolicy,
-) -> Vec<ObjectRef<InferencePool>> {
+    store: &Store<Lenient<InferencePool>>,
+    policy: &Lenient<TierPolicy>,
+) -> Vec<ObjectRef<Lenient<InferencePool>>> {
     let ns = policy.namespace();
     let name = policy.name_any();
     store
@@ -54,18 +60,22 @@ pub fn pools_using(
         .iter()
         .filter(|p| p.namespace() == ns)
         .filter(|p| {
-            p.spec
-                .tier_policy_ref
-                .as_ref()
+            p.get()
+                .ok()
+                .and_then(|p| p.spec.tier_policy_ref.as_ref())
                 .is_some_and(|r| r.name == name)
         })
         .map(|p| ObjectRef::from_obj(p.as_ref()))
         .collect()
 }
 
-/// Runs the controllers until a shutdown signal (SIGTERM / Ctrl-C).
-pub async fn run_controller<W, M, E, R>(ctx: Arc<Context<W, M, E, R>>, opts: ControllerOptions)
-where
+/// Runs the controllers until `shutdown` is requested, then gives the reconciles in flight
+/// at most `DRAIN_LIMIT` to finish.
+pub async fn run_controller<W, M, E, R>(
+    ctx: Arc<Context<W, M, E, R>>,
+    opts: ControllerOptions,
+    shutdown: Shutdown,
+) where
     W: WorkloadRuntime + 'static,
     M: MetricsSource + 'static,
     E: EngineControl + 'static,
@@ -83,14 +93,14 @@ where
     for scope in &scopes {
         let ns = scope.as_deref();
         let mut controller = Controller::new(
-            api::<InferencePool>(&client, ns),
+            api::<Lenient<InferencePool>>(&client, ns),
             watcher::Config::default(),
         );
         let store = controller.store();
         stores.push(store.clone());
         let dirty = ctx.dirty.clone();
         controller = controller.watches(
-            api::<TierPolicy>(&client, ns),
+            api::<Lenient<TierPolicy>>(&client, ns),
             watcher::Config::default(),
             move |policy| {
                 let pools = pools_using(&store, &policy);
@@ -111,8 +121,9 @@ where
                 .owns(api::<Service>(&client, ns), owned.clone())
                 .owns(api::<PodDisruptionBudget>(&client, ns), owned.clone());
         }
+        let stop = shutdown.clone();
         let stream = controller
-            .shutdown_on_signal()
+            .graceful_shutdown_on(async move { stop.requested().await })
             .run(reconcile, error_policy, ctx.clone())
             .map(|res| match res {
                 Ok((obj, _)) => debug!(pool = %obj, "reconcile done"),
@@ -126,6 +137,7 @@ where
     tokio::select! {
         _ = futures::stream::select_all(streams).for_each(|_| async {}) => {}
         _ = gc => {}
+        _ = shutdown.deadline() => {}
     }
     info!("controller stopped");
 }
@@ -133,7 +145,7 @@ where
 /// Every minute, forgets pools that are gone (their planner memory, owner refs, metrics).
 async fn forget_deleted<W, M, E, R>(
     ctx: Arc<Context<W, M, E, R>>,
-    stores: Vec<Store<InferencePool>>,
+    stores: Vec<Store<Lenient<InferencePool>>>,
 ) where
     W: WorkloadRuntime,
     M: MetricsSource,
@@ -150,7 +162,7 @@ async fn forget_deleted<W, M, E, R>(
             continue;
         }
         for pool in ctx.known_pools() {
-            let key = ObjectRef::<InferencePool>::new(&pool.name).within(&pool.namespace);
+            let key = ObjectRef::<Lenient<InferencePool>>::new(&pool.name).within(&pool.namespace);
             if stores.iter().all(|s| s.get(&key).is_none()) {
                 info!(pool = %pool, "pool deleted; forgetting it");
                 ctx.forget(&pool).await;

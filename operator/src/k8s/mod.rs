@@ -14,6 +14,7 @@ pub mod controller;
 pub mod deployment;
 pub mod events;
 pub mod leader;
+pub mod lenient;
 pub mod manager;
 pub mod metrics;
 pub mod objects;
@@ -23,7 +24,9 @@ pub mod registry_store;
 pub mod render;
 pub mod run;
 pub mod runtime;
+pub mod shutdown;
 pub mod source_switch;
+pub mod unreadable;
 
 use std::collections::BTreeMap;
 

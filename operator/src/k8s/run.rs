@@ -27,6 +27,7 @@ use super::owners::OwnerBook;
 use super::prometheus::PrometheusMetrics;
 use super::registry_store::ConfigMapRegistry;
 use super::runtime::K8sRuntime;
+use super::shutdown::Shutdown;
 use super::source_switch::SourceSwitch;
 use crate::direct_metrics::DirectMetrics;
 use crate::driver::Driver;
@@ -208,7 +209,8 @@ async fn run(args: RunArgs) -> anyhow::Result<()> {
 }
 
 /// Runs the controller over any adapters until SIGTERM / Ctrl-C (or a lost Lease): serves
-/// /metrics and /healthz, waits for the Lease if --leader-election, then reconciles.
+/// /metrics and /healthz, waits for the Lease if --leader-election, then reconciles. A
+/// signal ends it within `shutdown::DRAIN_LIMIT` at any of these stages.
 /// `owners` must be the book the runtime and registry record owner references in.
 pub async fn run_with<W, M, E, R>(
     args: &RunArgs,
@@ -223,6 +225,7 @@ where
     E: EngineControl + 'static,
     R: RegistryStore + 'static,
 {
+    let shutdown = Shutdown::on_signals();
     let metrics = Arc::new(OperatorMetrics::new());
     let server = tokio::spawn(metrics::serve(args.metrics_listen, metrics.clone()));
     info!(listen = %args.metrics_listen, "serving /metrics and /healthz");
@@ -233,7 +236,13 @@ where
             .clone()
             .unwrap_or_else(|| client.default_namespace().to_string());
         let elector = LeaderElector::new(client.clone(), &ns, LeaderElector::default_identity());
-        elector.acquire().await;
+        tokio::select! {
+            _ = elector.acquire() => {}
+            _ = shutdown.requested() => {
+                info!("shut down while waiting for the Lease");
+                return Ok(());
+            }
+        }
         Some(elector)
     } else {
         None
@@ -255,7 +264,7 @@ where
             .collect(),
         watch_owned: caps.watch_owned,
     };
-    let controller = run_controller(Arc::new(ctx), opts);
+    let controller = run_controller(Arc::new(ctx), opts, shutdown);
     let lost = async {
         match &leader {
             Some(l) => l.hold().await,
