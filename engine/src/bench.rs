@@ -15,6 +15,10 @@ use std::time::{Duration, Instant};
 use anyhow::{Context, bail};
 use clap::Args;
 use serde_json::json;
+use tidegate_api::engine_metrics::{PROCESS_RESIDENT_MEMORY_BYTES, QUEUE_WAIT_SECONDS};
+use tidegate_api::exposition::{
+    Sample, bucket_deltas, cumulative_buckets, histogram_quantile, samples,
+};
 use tokio::sync::{Semaphore, mpsc};
 
 fn parse_duration(s: &str) -> Result<Duration, String> {
@@ -211,7 +215,7 @@ async fn bench(args: BenchArgs) -> anyhow::Result<()> {
         args.rate_multiple, args.duration
     );
     let before = target.metrics().await?;
-    let rss_start = gauge(&before, "tidegate_engine_process_resident_memory_bytes");
+    let rss_start = gauge(&before, PROCESS_RESIDENT_MEMORY_BYTES.series);
     let (tx, mut rx) = mpsc::unbounded_channel::<Outcome>();
     let outstanding = Arc::new(Semaphore::new(args.max_outstanding.max(1)));
     let start = Instant::now();
@@ -242,7 +246,7 @@ async fn bench(args: BenchArgs) -> anyhow::Result<()> {
             let target = Arc::clone(&target);
             if let Ok(Ok(text)) =
                 tokio::time::timeout(Duration::from_millis(500), target.metrics()).await
-                && let Some(rss) = gauge(&text, "tidegate_engine_process_resident_memory_bytes")
+                && let Some(rss) = gauge(&text, PROCESS_RESIDENT_MEMORY_BYTES.series)
             {
                 rss_samples.push(rss);
             }
@@ -254,7 +258,7 @@ async fn bench(args: BenchArgs) -> anyhow::Result<()> {
         outcomes.push(o);
     }
     let after = target.metrics().await?;
-    let rss_end = gauge(&after, "tidegate_engine_process_resident_memory_bytes");
+    let rss_end = gauge(&after, PROCESS_RESIDENT_MEMORY_BYTES.series);
 
     // 3. Figures.
     let mut by_status: BTreeMap<u16, (u64, u64)> = BTreeMap::new();
@@ -296,7 +300,7 @@ async fn bench(args: BenchArgs) -> anyhow::Result<()> {
     let p99_wait = histogram_p99(
         &before,
         &after,
-        "tidegate_engine_queue_wait_seconds",
+        QUEUE_WAIT_SECONDS.series,
         args.tier.as_deref(),
     );
     let target_s = args.queue_wait_target.as_secs_f64();
@@ -352,94 +356,22 @@ fn percentile(sorted: &[Duration], q: f64) -> Option<Duration> {
     Some(sorted[i])
 }
 
-/// One exposition line: name, labels, value.
-type Sample<'a> = (&'a str, Vec<(&'a str, &'a str)>, f64);
-
-/// Splits `name{a="x",b="y"} 1.5` into labels and value.
-fn sample(line: &str) -> Option<Sample<'_>> {
-    let (head, value) = line.rsplit_once(' ')?;
-    let value: f64 = value.parse().ok()?;
-    let (name, labels) = match head.split_once('{') {
-        Some((n, rest)) => (n, rest.strip_suffix('}')?),
-        None => (head, ""),
-    };
-    let labels = labels
-        .split(',')
-        .filter(|l| !l.is_empty())
-        .filter_map(|l| {
-            let (k, v) = l.split_once('=')?;
-            Some((k, v.trim_matches('"')))
-        })
-        .collect();
-    Some((name, labels, value))
-}
-
 fn gauge(text: &str, name: &str) -> Option<f64> {
-    text.lines()
-        .filter_map(sample)
-        .find(|(n, labels, _)| *n == name && labels.is_empty())
-        .map(|(_, _, v)| v)
+    samples(text)
+        .find(|s| s.name == name && s.labels.is_empty())
+        .map(|s| s.value)
 }
 
-/// Cumulative bucket counts by upper bound, summed over tiers (or one tier).
-fn buckets(text: &str, name: &str, tier: Option<&str>) -> BTreeMap<u64, f64> {
-    let bucket_name = format!("{name}_bucket");
-    let mut out = BTreeMap::new();
-    for (n, labels, v) in text.lines().filter_map(sample) {
-        if n != bucket_name {
-            continue;
-        }
-        let tier_ok = tier.is_none_or(|t| labels.iter().any(|(k, val)| *k == "tier" && *val == t));
-        let le = labels.iter().find(|(k, _)| *k == "le").map(|(_, v)| *v);
-        if let (true, Some(le)) = (tier_ok, le) {
-            let bound = if le == "+Inf" {
-                f64::INFINITY
-            } else {
-                le.parse().unwrap_or(f64::INFINITY)
-            };
-            *out.entry(bound.to_bits()).or_insert(0.0) += v;
-        }
-    }
-    out
-}
-
-/// The 99th percentile of what was observed between two scrapes, interpolated linearly
-/// within its bucket (as Prometheus' `histogram_quantile` does).
-fn histogram_p99(before: &str, after: &str, name: &str, tier: Option<&str>) -> Option<f64> {
-    let b = buckets(before, name, tier);
-    let a = buckets(after, name, tier);
-    let mut diffs: Vec<(f64, f64)> = a
-        .iter()
-        .map(|(bits, v)| {
-            (
-                f64::from_bits(*bits),
-                v - b.get(bits).copied().unwrap_or(0.0),
-            )
-        })
-        .collect();
-    diffs.sort_by(|x, y| x.0.total_cmp(&y.0));
-    let total = diffs.last()?.1;
-    if total <= 0.0 {
-        return None;
-    }
-    let rank = 0.99 * total;
-    let mut prev = (0.0, 0.0);
-    for &(bound, count) in &diffs {
-        if count >= rank {
-            if bound.is_infinite() {
-                return Some(prev.0);
-            }
-            let in_bucket = count - prev.1;
-            let frac = if in_bucket > 0.0 {
-                (rank - prev.1) / in_bucket
-            } else {
-                1.0
-            };
-            return Some(prev.0 + (bound - prev.0) * frac);
-        }
-        prev = (bound, count);
-    }
-    None
+/// The 99th percentile of what was observed between two scrapes of the histogram whose
+/// `_bucket` series is `series` (one tier, or all summed), interpolated linearly within its
+/// bucket as Prometheus' `histogram_quantile` does.
+fn histogram_p99(before: &str, after: &str, series: &str, tier: Option<&str>) -> Option<f64> {
+    let keep = |s: &Sample<'_>| tier.is_none_or(|t| s.label("tier") == Some(t));
+    let buckets = |text: &str| {
+        let all: Vec<Sample> = samples(text).collect();
+        cumulative_buckets(&all, series, keep)
+    };
+    histogram_quantile(0.99, &bucket_deltas(&buckets(before), &buckets(after)))
 }
 
 #[cfg(test)]
@@ -450,9 +382,9 @@ mod tests {
     fn p99_from_histogram_diff() {
         let before = "x_bucket{tier=\"a\",le=\"0.1\"} 0\nx_bucket{tier=\"a\",le=\"1.0\"} 0\nx_bucket{tier=\"a\",le=\"+Inf\"} 0\n";
         let after = "x_bucket{tier=\"a\",le=\"0.1\"} 98\nx_bucket{tier=\"a\",le=\"1.0\"} 100\nx_bucket{tier=\"a\",le=\"+Inf\"} 100\nrss 5\n";
-        let p = histogram_p99(before, after, "x", Some("a")).unwrap();
+        let p = histogram_p99(before, after, "x_bucket", Some("a")).unwrap();
         assert!((p - 0.55).abs() < 1e-9, "{p}");
-        assert_eq!(histogram_p99(before, after, "x", Some("b")), None);
+        assert_eq!(histogram_p99(before, after, "x_bucket", Some("b")), None);
         assert_eq!(gauge(after, "rss"), Some(5.0));
     }
 }

@@ -1,8 +1,9 @@
 //! Metrics straight from engines' /metrics (local mode's default metrics source).
 //!
-//! Each read scrapes every endpoint and parses the Prometheus text format; `metric_window`
-//! turns each engine's samples within the pool's `rateWindow` into what the Prometheus
-//! queries give in a cluster (rates, gauge averages, the pool's p99 queue wait).
+//! Each read scrapes every endpoint and parses the Prometheus text format (the shared
+//! exposition parser, reading the metrics contract's series names); `metric_window` turns
+//! each engine's samples within the pool's `rateWindow` into what the Prometheus queries give
+//! in a cluster (rates, gauge averages, the pool's p99 queue wait).
 //! Invariants: a counter reset (engine restart) yields no rate for that engine rather than a
 //! negative one; an engine that does not answer is left out, and when none answers the result
 //! is `Unreachable` (fail static upstream); histories are per pool.
@@ -12,6 +13,8 @@ use std::sync::Mutex;
 use std::time::Duration;
 
 use tidegate_api::InferencePoolSpec;
+use tidegate_api::engine_metrics as contract;
+use tidegate_api::exposition::{Sample, cumulative_buckets, samples};
 
 use crate::metric_window::{EngineHistory, pool_metrics};
 use crate::plan::{MetricsProblem, PoolMetrics};
@@ -34,126 +37,30 @@ pub struct EngineSample {
 
 /// Parses the Prometheus text exposition of an engine.
 pub fn parse_engine_metrics(text: &str, at_ms: u64) -> EngineSample {
-    let mut s = EngineSample {
+    let all: Vec<Sample> = samples(text).collect();
+    let sum = |series: &str, keep: &dyn Fn(&Sample) -> bool| -> f64 {
+        all.iter()
+            .filter(|s| s.name == series && keep(s))
+            .map(|s| s.value)
+            .sum()
+    };
+    let any = |_: &Sample| true;
+    let overload = |s: &Sample| {
+        s.label("reason")
+            .is_some_and(|r| contract::OVERLOAD_REASONS.contains(&r))
+    };
+    EngineSample {
         at_ms,
-        ..EngineSample::default()
-    };
-    let mut buckets: HashMap<String, f64> = HashMap::new();
-    for line in text.lines() {
-        let line = line.trim();
-        if line.is_empty() || line.starts_with('#') {
-            continue;
-        }
-        let Some((series, value)) = split_sample(line) else {
-            continue;
-        };
-        let (name, labels) = match series.find('{') {
-            Some(i) => (&series[..i], &series[i..]),
-            None => (series, ""),
-        };
-        match name {
-            "tidegate_engine_decode_tokens_total" => s.decode_tokens += value,
-            "tidegate_engine_requests_running" => s.running += value,
-            "tidegate_engine_requests_waiting" => s.waiting += value,
-            "tidegate_engine_kv_blocks_used" => s.kv_used += value,
-            "tidegate_engine_kv_blocks_total" => s.kv_total += value,
-            "tidegate_engine_evictions_total" => s.evictions += value,
-            "tidegate_engine_rejections_total"
-                if labels.contains("reason=\"queue_full\"")
-                    || labels.contains("reason=\"queue_timeout\"") =>
-            {
-                s.overload_refusals += value
-            }
-            "tidegate_engine_queue_wait_seconds_bucket" => {
-                if let Some(le) = label(labels, "le") {
-                    *buckets.entry(le.to_string()).or_default() += value;
-                }
-            }
-            _ => {}
-        }
+        decode_tokens: sum(contract::DECODE_TOKENS.series, &any),
+        running: sum(contract::REQUESTS_RUNNING.series, &any),
+        waiting: sum(contract::REQUESTS_WAITING.series, &any),
+        kv_used: sum(contract::KV_BLOCKS_USED.series, &any),
+        kv_total: sum(contract::KV_BLOCKS_TOTAL.series, &any),
+        evictions: sum(contract::EVICTIONS.series, &any),
+        overload_refusals: sum(contract::REJECTIONS.series, &overload),
+        // All tiers summed, as the pool's p99 query sums by le.
+        queue_wait_buckets: cumulative_buckets(&all, contract::QUEUE_WAIT_SECONDS.series, any),
     }
-    let mut b: Vec<(f64, f64)> = buckets
-        .into_iter()
-        .filter_map(|(le, c)| {
-            let bound = if le == "+Inf" {
-                f64::INFINITY
-            } else {
-                le.parse().ok()?
-            };
-            Some((bound, c))
-        })
-        .collect();
-    b.sort_by(|x, y| x.0.total_cmp(&y.0));
-    s.queue_wait_buckets = b;
-    s
-}
-
-/// `name{labels} value [timestamp]` → (series, value).
-fn split_sample(line: &str) -> Option<(&str, f64)> {
-    let end_of_series = match line.rfind('}') {
-        Some(i) => i + 1,
-        None => line.find(' ')?,
-    };
-    let (series, rest) = line.split_at(end_of_series);
-    let value = rest.split_whitespace().next()?;
-    let v = match value {
-        "+Inf" => f64::INFINITY,
-        "-Inf" => f64::NEG_INFINITY,
-        other => other.parse().ok()?,
-    };
-    Some((series.trim(), v))
-}
-
-fn label<'a>(labels: &'a str, key: &str) -> Option<&'a str> {
-    let pat = format!("{key}=\"");
-    let start = labels.find(&pat)? + pat.len();
-    let end = labels[start..].find('"')? + start;
-    Some(&labels[start..end])
-}
-
-/// The observations between two cumulative histograms, per bucket (still cumulative): what
-/// `increase()` of each `_bucket` series gives. A bucket absent from `prev` counts from 0.
-pub fn bucket_deltas(prev: &[(f64, f64)], cur: &[(f64, f64)]) -> Vec<(f64, f64)> {
-    cur.iter()
-        .map(|(le, c)| {
-            let before = prev.iter().find(|(l, _)| l == le).map_or(0.0, |(_, c)| *c);
-            (*le, (c - before).max(0.0))
-        })
-        .collect()
-}
-
-/// The q-quantile of the observations between two cumulative histograms.
-pub fn quantile_between(prev: &[(f64, f64)], cur: &[(f64, f64)], q: f64) -> Option<f64> {
-    quantile(&bucket_deltas(prev, cur), q)
-}
-
-/// The q-quantile of a cumulative histogram (ascending bounds, +Inf last), interpolated
-/// within the bucket as Prometheus' histogram_quantile does. None when nothing was observed.
-pub fn quantile(deltas: &[(f64, f64)], q: f64) -> Option<f64> {
-    let total = deltas.last()?.1;
-    if total <= 0.0 {
-        return None;
-    }
-    let rank = q * total;
-    let mut lower = 0.0;
-    let mut below = 0.0;
-    for (le, count) in deltas {
-        if *count >= rank {
-            if le.is_infinite() {
-                return Some(lower);
-            }
-            let in_bucket = count - below;
-            let frac = if in_bucket > 0.0 {
-                (rank - below) / in_bucket
-            } else {
-                1.0
-            };
-            return Some(lower + (le - lower) * frac);
-        }
-        lower = *le;
-        below = *count;
-    }
-    Some(lower)
 }
 
 /// How long a pool's scrapes are kept after its last read.
@@ -287,16 +194,6 @@ tidegate_engine_queue_wait_seconds_bucket{tier="gold",le="+Inf"} 5
             s.queue_wait_buckets,
             vec![(0.1, 15.0), (1.0, 23.0), (f64::INFINITY, 25.0)]
         );
-    }
-
-    #[test]
-    fn quantiles_interpolate_within_buckets() {
-        let cur = vec![(0.1, 50.0), (1.0, 100.0), (f64::INFINITY, 100.0)];
-        let q = quantile_between(&[], &cur, 0.5).unwrap();
-        assert!((q - 0.1).abs() < 1e-9);
-        let q = quantile_between(&[], &cur, 0.99).unwrap();
-        assert!(q > 0.9 && q <= 1.0, "{q}");
-        assert_eq!(quantile_between(&cur, &cur, 0.99), None);
     }
 
     /// An engine whose decode counter grows by 100 tokens per scrape.

@@ -14,7 +14,9 @@
 
 use std::collections::{BTreeMap, VecDeque};
 
-use crate::direct_metrics::{EngineSample, bucket_deltas, quantile};
+use tidegate_api::exposition::{bucket_deltas, histogram_quantile};
+
+use crate::direct_metrics::EngineSample;
 use crate::plan::PoolMetrics;
 
 /// The samples of one engine that the window needs.
@@ -130,7 +132,7 @@ pub fn pool_metrics<'a>(
     // Keyed by the bound's bits: for the non-negative bounds of a histogram, their order is
     // the bounds' order.
     let summed: Vec<(f64, f64)> = waits.into_values().collect();
-    m.queue_wait_p99_seconds = quantile(&summed, 0.99);
+    m.queue_wait_p99_seconds = histogram_quantile(0.99, &summed);
     m
 }
 

@@ -1,5 +1,6 @@
 //! tidegate.dev/v1alpha1 API types: `InferencePool`, `TierPolicy`, their status, condition
-//! constants, and the engine admin contract.
+//! constants, the engine admin and launch contracts, and the engine metrics contract (names, labels,
+//! histogram buckets) with the exposition parser and quantile arithmetic that read it.
 //!
 //! Without the `kube` feature this crate is plain serde + schemars data (what the engine
 //! needs); with it, the custom resources, status types and CRD generation are available.
@@ -8,6 +9,8 @@ pub mod conditions;
 pub mod duration;
 pub mod engine_admin;
 pub mod engine_launch;
+pub mod engine_metrics;
+pub mod exposition;
 pub mod inference_pool;
 pub mod quantity;
 #[cfg(feature = "kube")]

@@ -5,6 +5,8 @@
 //! (relabelled from the pod label `tidegate.dev/pool`). Queries select
 //! `{namespace="NS", pool="POOL"}`; per-engine figures are grouped by `(pod, instance)`, so
 //! targets without a `pod` label (local mode's file_sd) are still told apart by `instance`.
+//! Metric names and the overload reasons come from the metrics contract
+//! (`tidegate_api::engine_metrics`), never spelled here.
 //!
 //! Fail static: an unreachable Prometheus (or one that refuses a query, or is too slow) is
 //! `MetricsProblem::Unreachable`; no engine series for the pool is `NoData`. `sampled_at` is
@@ -18,6 +20,7 @@ use std::time::Duration;
 use prometheus_http_query::Client;
 use prometheus_http_query::response::Data;
 use tidegate_api::InferencePoolSpec;
+use tidegate_api::engine_metrics as contract;
 
 use crate::plan::{MetricsProblem, PoolMetrics};
 use crate::ports::{Endpoint, MetricsSource, PoolRef};
@@ -60,33 +63,36 @@ impl Queries {
             escape(pool)
         );
         let w = format!("{}s", window.as_secs().max(1));
+        let tokens = contract::DECODE_TOKENS.series;
+        let running = contract::REQUESTS_RUNNING.series;
+        let waiting = contract::REQUESTS_WAITING.series;
+        let wait_buckets = contract::QUEUE_WAIT_SECONDS.series;
+        let (kv_used, kv_total) = (
+            contract::KV_BLOCKS_USED.series,
+            contract::KV_BLOCKS_TOTAL.series,
+        );
+        let evictions = contract::EVICTIONS.series;
+        let rejections = contract::REJECTIONS.series;
+        let overload = contract::OVERLOAD_REASONS.join("|");
         Queries {
-            tokens_per_pod: format!(
-                "sum by (pod, instance) (rate(tidegate_engine_decode_tokens_total{{{sel}}}[{w}]))"
-            ),
+            tokens_per_pod: format!("sum by (pod, instance) (rate({tokens}{{{sel}}}[{w}]))"),
             max_waiting_per_pod: format!(
-                "max by (pod, instance) (max_over_time(tidegate_engine_requests_waiting{{{sel}}}[{w}]))"
+                "max by (pod, instance) (max_over_time({waiting}{{{sel}}}[{w}]))"
             ),
             // Gauges are averaged over the same window as the rates: demand then moves with
             // the decode rate it is compared to, and one scrape's noise does not scale a pool
             // (the simulator's pipeline reads them the same way).
             running_per_pod: format!(
-                "sum by (pod, instance) (avg_over_time(tidegate_engine_requests_running{{{sel}}}[{w}]))"
+                "sum by (pod, instance) (avg_over_time({running}{{{sel}}}[{w}]))"
             ),
-            waiting: format!(
-                "sum by (pod, instance) (avg_over_time(tidegate_engine_requests_waiting{{{sel}}}[{w}]))"
-            ),
+            waiting: format!("sum by (pod, instance) (avg_over_time({waiting}{{{sel}}}[{w}]))"),
             queue_wait_p99: format!(
-                "histogram_quantile(0.99, sum by (le) (rate(tidegate_engine_queue_wait_seconds_bucket{{{sel}}}[{w}])))"
+                "histogram_quantile(0.99, sum by (le) (rate({wait_buckets}{{{sel}}}[{w}])))"
             ),
-            kv_utilization: format!(
-                "sum(tidegate_engine_kv_blocks_used{{{sel}}}) / sum(tidegate_engine_kv_blocks_total{{{sel}}})"
-            ),
-            evictions: format!("sum(rate(tidegate_engine_evictions_total{{{sel}}}[{w}]))"),
-            refusals: format!(
-                "sum(rate(tidegate_engine_rejections_total{{{sel}, reason=~\"queue_full|queue_timeout\"}}[{w}]))"
-            ),
-            newest_sample: format!("max(timestamp(tidegate_engine_requests_running{{{sel}}}))"),
+            kv_utilization: format!("sum({kv_used}{{{sel}}}) / sum({kv_total}{{{sel}}})"),
+            evictions: format!("sum(rate({evictions}{{{sel}}}[{w}]))"),
+            refusals: format!("sum(rate({rejections}{{{sel}, reason=~\"{overload}\"}}[{w}]))"),
+            newest_sample: format!("max(timestamp({running}{{{sel}}}))"),
         }
     }
 }
@@ -299,6 +305,49 @@ mod tests {
         );
         assert!(q.queue_wait_p99.starts_with("histogram_quantile(0.99, sum by (le) (rate(tidegate_engine_queue_wait_seconds_bucket{namespace=\"prod\", pool=\"llama\"}[60s])))"));
         assert!(q.refusals.contains("reason=~\"queue_full|queue_timeout\""));
+    }
+
+    /// Every `tidegate_engine_…` name in a query, in order.
+    fn engine_names(q: &str) -> Vec<&str> {
+        q.match_indices("tidegate_engine_")
+            .map(|(i, _)| {
+                let rest = &q[i..];
+                let end = rest
+                    .find(|c: char| !(c.is_ascii_alphanumeric() || c == '_'))
+                    .unwrap_or(rest.len());
+                &rest[..end]
+            })
+            .collect()
+    }
+
+    #[test]
+    fn queries_use_only_contract_series() {
+        let q = Queries::new("prod", "llama", Duration::from_secs(60));
+        let all = [
+            &q.tokens_per_pod,
+            &q.max_waiting_per_pod,
+            &q.running_per_pod,
+            &q.waiting,
+            &q.queue_wait_p99,
+            &q.kv_utilization,
+            &q.evictions,
+            &q.refusals,
+            &q.newest_sample,
+        ];
+        for query in all {
+            let names = engine_names(query);
+            assert!(!names.is_empty(), "{query}");
+            for n in names {
+                assert!(
+                    contract::ALL.iter().any(|m| m.series == n),
+                    "{n} in {query} is not a series of the metrics contract"
+                );
+            }
+        }
+        assert!(
+            q.queue_wait_p99
+                .contains(contract::QUEUE_WAIT_SECONDS.series)
+        );
     }
 
     #[test]

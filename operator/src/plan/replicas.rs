@@ -4,6 +4,9 @@
 //! while demand is within ±10% of what it serves at the target, raised by at least one
 //! replica while p99 queue wait exceeds its target and no replica is on its way (a replica
 //! still starting is the raise of an earlier tick), bounded by [min, ceiling]. The
+//! invariant: while p99 queue wait exceeds its target the requirement is never below the
+//! current count, whether replicas are starting, all ready, or at the ceiling (only a
+//! ceiling lowered below the current count, which `plan` enforces, goes lower). The
 //! stabilized value scales up to the lowest recommendation within the scale-up window
 //! (0s: at once) and down only to the highest recommendation within the scale-down window,
 //! so a steady load never flaps; each move is limited by the max step.
@@ -79,31 +82,48 @@ pub fn required(
             );
         }
     }
-    let target = spec.slo.queue_wait_p99.as_secs_f64();
-    // Queue wait says we are short even if the demand estimate does not. While replicas
-    // are starting, the queue they will drain is no new evidence: raising again on every
-    // tick until they are ready would add one replica per interval for the whole start-up.
-    let over = m.queue_wait_p99.as_secs_f64() > target;
-    if over && current < ceiling && ready >= current {
-        let raised = current + 1;
-        if raised > wanted {
-            wanted = raised;
-            why = format!(
-                "queue p99 {} over target {}: raised to {raised}",
-                m.queue_wait_p99, spec.slo.queue_wait_p99
-            );
-        }
-    } else if over && ready < current {
-        // Not raised, but never lowered while the queue says we are short.
-        wanted = wanted.max(current);
-        why = format!(
-            "{why}; queue p99 {} over target {}, not raised: {} replicas still starting",
-            m.queue_wait_p99,
-            spec.slo.queue_wait_p99,
-            current - ready
-        );
+    let over = m.queue_wait_p99.as_secs_f64() > spec.slo.queue_wait_p99.as_secs_f64();
+    if over {
+        (wanted, why) = over_target(spec, m, current, ready, ceiling, wanted, why);
     }
     (wanted.max(0), why)
+}
+
+/// The requirement while p99 queue wait is over its target: never below the current count
+/// (the queue says the pool is short, whatever the demand estimate says), and raised by one
+/// when every replica is ready and the ceiling allows it.
+fn over_target(
+    spec: &InferencePoolSpec,
+    m: &MeasuredPlan,
+    current: i32,
+    ready: i32,
+    ceiling: i32,
+    wanted: i32,
+    why: String,
+) -> (i32, String) {
+    let words = format!(
+        "queue p99 {} over target {}",
+        m.queue_wait_p99, spec.slo.queue_wait_p99
+    );
+    if ready < current {
+        // While replicas are starting, the queue they will drain is no new evidence: raising
+        // again on every tick until they are ready would add one replica per interval for
+        // the whole start-up.
+        let why = format!(
+            "{why}; {words}, not raised: {} replicas still starting",
+            current - ready
+        );
+        return (wanted.max(current), why);
+    }
+    let raised = current + 1;
+    if current < ceiling && raised > wanted {
+        return (raised, format!("{words}: raised to {raised}"));
+    }
+    if wanted < current {
+        // At the ceiling, or demand says fewer: hold, never lower while the queue is long.
+        return (current, format!("{why}; {words}: held at {current}"));
+    }
+    (wanted, why)
 }
 
 /// Applies the stabilization windows and step limits to a raw recommendation.

@@ -220,6 +220,46 @@ fn the_queue_wait_raise_waits_for_replicas_already_starting() {
     assert_eq!(p.desired_replicas, 4, "{}", p.explanation);
 }
 
+/// Over the queue-wait target, demand for one replica, for longer than the scale-down window.
+fn ticks_over_target(pool: &mut Pool, current: i32, ready: i32, ticks: u32) -> Vec<Plan> {
+    (0..ticks)
+        .map(|_| {
+            pool.now += TICK;
+            let obs = Observation {
+                now: pool.now,
+                current_replicas: current,
+                ready_replicas: ready,
+                metrics: Ok(PoolMetrics {
+                    decode_tokens_per_second: 200.0,
+                    running: 10.0,
+                    queue_wait_p99_seconds: Some(3.0),
+                    pods_reporting: ready,
+                    sampled_at: pool.now,
+                    ..PoolMetrics::default()
+                }),
+            };
+            super::plan(&pool.spec, Some(&pool.tiers), &obs, &mut pool.state)
+        })
+        .collect()
+}
+
+#[test]
+fn never_scales_down_while_queue_wait_is_over_target() {
+    // (current, ready) below the ceiling of 4 and at it, all ready and some starting; each
+    // for 30 ticks (7.5 min, past the 5-minute scale-down window) with demand for 1 replica.
+    for (current, ready) in [(3, 3), (3, 2), (4, 4), (4, 3)] {
+        let mut pool = Pool::new(spec(1, 4));
+        for p in ticks_over_target(&mut pool, current, ready, 30) {
+            assert!(
+                p.desired_replicas >= current,
+                "current {current}, ready {ready}: scaled down to {} while over target: {}",
+                p.desired_replicas,
+                p.explanation
+            );
+        }
+    }
+}
+
 #[test]
 fn a_step_up_scales_within_one_interval() {
     let mut pool = Pool::new(spec(1, 20));

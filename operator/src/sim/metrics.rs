@@ -6,27 +6,29 @@
 //! computes the queue-wait p99 with
 //! `histogram_quantile`'s linear interpolation over the engine's histogram buckets.
 //!
-//! Invariants: a query never sees the future (only samples with t ≤ now); fewer than two
+//! Invariants: waits are observed into the metrics contract's queue-wait buckets and the p99
+//! is the contract's `histogram_quantile`, so the simulated planner reads the p99 a real
+//! pool's Prometheus would give for the same waits; a query never sees the future (only samples with t ≤ now); fewer than two
 //! samples in the window means no data; an outage window makes every query fail, as an
 //! unreachable Prometheus would.
 
 use std::collections::VecDeque;
 
+use tidegate_api::engine_metrics::QUEUE_WAIT_BUCKETS;
+use tidegate_api::exposition::{cumulative_from_counts, histogram_quantile};
+
 use crate::plan::{MetricsProblem, PoolMetrics};
 
 use super::pool::{PodSample, PodState, Pool};
 
-/// Upper bounds (seconds) of the engine's queue-wait histogram buckets; +Inf is implied.
-pub const WAIT_BUCKETS: [f64; 14] = [
-    0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0,
-];
-const NB: usize = WAIT_BUCKETS.len() + 1;
+/// Buckets of the queue-wait histogram: the contract's bounds and +Inf.
+const NB: usize = QUEUE_WAIT_BUCKETS.len() + 1;
 
 #[derive(Clone, Debug)]
 struct Sample {
     t_us: u64,
     tokens: f64,
-    /// Cumulative (non-cumulative per bucket here; summed at query time).
+    /// Waits observed so far, per bucket (made cumulative across buckets at query time).
     hist: [u64; NB],
     overload: u64,
     evictions: u64,
@@ -63,10 +65,11 @@ impl Pipeline {
 
     /// The engine observes a queue wait (every request that starts decoding).
     pub fn observe_wait(&mut self, wait_s: f64) {
-        let i = WAIT_BUCKETS
+        // `le` buckets: a wait equal to a bound counts in that bound's bucket.
+        let i = QUEUE_WAIT_BUCKETS
             .iter()
             .position(|&b| wait_s <= b)
-            .unwrap_or(WAIT_BUCKETS.len());
+            .unwrap_or(QUEUE_WAIT_BUCKETS.len());
         self.hist[i] += 1;
     }
 
@@ -170,7 +173,10 @@ impl Pipeline {
             saturated_pod_tokens_per_second: saturated,
             running: self.avg_over_window(now, f.t_us, |s| s.running),
             waiting: self.avg_over_window(now, f.t_us, |s| s.waiting),
-            queue_wait_p99_seconds: histogram_quantile(0.99, &delta),
+            queue_wait_p99_seconds: histogram_quantile(
+                0.99,
+                &cumulative_from_counts(QUEUE_WAIT_BUCKETS, &delta),
+            ),
             kv_utilization: l.kv,
             evictions_per_second: (l.evictions - f.evictions) as f64 / dt,
             overload_refusals_per_second: (l.overload - f.overload) as f64 / dt,
@@ -239,40 +245,56 @@ fn pod_rate(s: &VecDeque<PodSample>, from: u64, now: u64, only_saturated: bool) 
     Some((last.tokens - first.tokens) / ((last.t_us - first.t_us) as f64 / 1e6))
 }
 
-/// Prometheus' histogram_quantile over per-bucket counts (the last bucket is +Inf).
-pub fn histogram_quantile(q: f64, counts: &[u64; NB]) -> Option<f64> {
-    let total: u64 = counts.iter().sum();
-    if total == 0 {
-        return None;
-    }
-    let rank = q * total as f64;
-    let mut cum = 0u64;
-    for (i, &c) in counts.iter().enumerate() {
-        let before = cum;
-        cum += c;
-        if (cum as f64) >= rank && c > 0 {
-            if i == WAIT_BUCKETS.len() {
-                return Some(WAIT_BUCKETS[WAIT_BUCKETS.len() - 1]);
-            }
-            let lo = if i == 0 { 0.0 } else { WAIT_BUCKETS[i - 1] };
-            let hi = WAIT_BUCKETS[i];
-            return Some(lo + (hi - lo) * (rank - before as f64) / c as f64);
-        }
-    }
-    Some(WAIT_BUCKETS[WAIT_BUCKETS.len() - 1])
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::sim::pool::PodModel;
+    use tidegate_api::engine_metrics::QUEUE_WAIT_SECONDS;
+    use tidegate_api::exposition::{cumulative_from_counts, histogram_quantile as engine_p};
+
+    /// The p99 the simulated operator reads for `waits`, observed between two scrapes.
+    fn simulated_p99(waits: &[f64]) -> Option<f64> {
+        let mut pool = Pool::new(PodModel {
+            max_batch: 16,
+            max_queue: 64,
+            itl_base_s: 0.02,
+            itl_per_seq_s: 0.001_875,
+            prefill_cost: 0.02,
+        });
+        pool.add_ready(0);
+        let mut p = Pipeline::new(15_000_000, 60_000_000, None);
+        p.scrape(&mut pool, 0);
+        for w in waits {
+            p.observe_wait(*w);
+        }
+        p.scrape(&mut pool, 15_000_000);
+        p.query(&pool, 15_000_000)
+            .expect("two samples")
+            .queue_wait_p99_seconds
+    }
+
+    /// What a real pool's Prometheus gives for the same waits: the engine's histogram.
+    fn engine_p99(waits: &[f64]) -> Option<f64> {
+        let bounds = QUEUE_WAIT_SECONDS.buckets;
+        let mut counts = vec![0u64; bounds.len() + 1];
+        for w in waits {
+            counts[bounds.iter().position(|b| w <= b).unwrap_or(bounds.len())] += 1;
+        }
+        engine_p(0.99, &cumulative_from_counts(bounds, &counts))
+    }
 
     #[test]
-    fn quantile_interpolates_like_prometheus() {
-        let mut c = [0u64; NB];
-        c[0] = 98; // ≤ 5 ms
-        c[7] = 2; // (0.5, 1]
-        let p99 = histogram_quantile(0.99, &c).expect("data");
-        assert!((p99 - 0.75).abs() < 1e-9, "{p99}");
-        assert_eq!(histogram_quantile(0.99, &[0; NB]), None);
+    fn the_simulated_p99_is_the_engine_histogram_s() {
+        // Waits just over the 1 s target, and spread over the range the targets lie in.
+        let just_over = vec![1.2; 100];
+        let spread: Vec<f64> = (0..1000).map(|i| f64::from(i) * 0.009).collect();
+        for waits in [just_over, spread] {
+            let (sim, engine) = (simulated_p99(&waits), engine_p99(&waits));
+            let (sim, engine) = (sim.expect("observed"), engine.expect("observed"));
+            assert!(
+                (sim - engine).abs() < 1e-9,
+                "simulated p99 {sim} but the engine's histogram gives {engine}"
+            );
+        }
     }
 }
