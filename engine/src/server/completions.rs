@@ -16,15 +16,14 @@ use std::time::{Instant, SystemTime, UNIX_EPOCH};
 
 use axum::Json;
 use axum::body::Bytes;
-use axum::extract::rejection::BytesRejection;
-use axum::extract::{FromRequest, Request, State};
-use axum::http::StatusCode;
+use axum::extract::{Request, State};
 use axum::response::sse::{Event, Sse};
 use axum::response::{IntoResponse, Response};
 use serde_json::{Value, json};
 use tidegate_api::Tier;
 
 use super::AppState;
+use super::body::read_limited;
 use super::drain::InFlight;
 use super::error::ApiError;
 use super::openai::{Endpoint, Prepared, prepare};
@@ -59,32 +58,15 @@ pub async fn chat_completions(State(app): State<Arc<AppState>>, request: Request
     handle(app, Endpoint::Chat, request).await
 }
 
-/// Reads the body within the size limit (DefaultBodyLimit) and the read timeout, so a slow
-/// or stalled upload cannot hold a connection and its buffers forever.
+/// Reads the body within the size limit and the read timeout, so a slow or stalled upload
+/// cannot hold a connection and its buffers forever (see `body` for oversized ones).
 async fn read_body(app: &AppState, request: Request) -> Result<Bytes, ApiError> {
-    let limit = app.config.max_body_bytes;
-    match tokio::time::timeout(
+    read_limited(
+        request,
+        app.config.max_body_bytes,
         app.config.body_read_timeout,
-        Bytes::from_request(request, &()),
     )
     .await
-    {
-        Ok(Ok(bytes)) => Ok(bytes),
-        Ok(Err(rejection)) => Err(body_error(rejection, limit)),
-        Err(_) => Err(ApiError::BodyTimeout(app.config.body_read_timeout)),
-    }
-}
-
-/// Maps a body extraction failure (size limit, broken stream) to an OpenAI error.
-pub fn body_error(rejection: BytesRejection, limit: usize) -> ApiError {
-    if rejection.status() == StatusCode::PAYLOAD_TOO_LARGE {
-        ApiError::TooLarge(limit)
-    } else {
-        ApiError::invalid(
-            format!("Could not read the request body: {rejection}"),
-            None,
-        )
-    }
 }
 
 async fn handle(app: Arc<AppState>, endpoint: Endpoint, request: Request) -> Response {
