@@ -5,8 +5,9 @@
 //! new-tenant gate, rate limits, then the engine's own admission (queue bound, KV, queue
 //! wait); every refusal is counted once with its reason; a streamed response ends with
 //! `data: [DONE]` (unless cut by the end of a drain); dropping the response (client gone)
-//! drops the engine's token stream, which cancels the request and frees its KV; the
-//! in-flight guard lives exactly as long as the response body.
+//! drops the engine's token stream, which cancels the request and frees its KV, while a
+//! matched stop string *finishes* it (its session keeps its KV, as at EOS); the in-flight
+//! guard lives exactly as long as the response body.
 
 use std::collections::VecDeque;
 use std::convert::Infallible;
@@ -30,7 +31,7 @@ use super::openai::{Endpoint, Prepared, prepare};
 use super::stop::StopMatcher;
 use crate::backend::{FinishReason, GenerateRequest, TokenEvent, TokenStream, Usage};
 use crate::metrics::Metrics;
-use crate::tenancy::{Identity, registry::now_ms, tier_params};
+use crate::tenancy::{Identity, registry::now_ms};
 
 static NEXT_ID: AtomicU64 = AtomicU64::new(1);
 
@@ -141,7 +142,8 @@ async fn admit(
         max_tokens,
         sampling: prepared.sampling.clone(),
         ignore_eos: prepared.ignore_eos,
-        tier: tier_params(&identity.tier),
+        // By name only: the engine holds the tier's parameters (one tier table).
+        tier: identity.tier.name.clone(),
         // Namespaced by tenant: one tenant's session id never reaches another's KV.
         session_id: prepared
             .session_id
@@ -263,8 +265,10 @@ impl Generation {
                         self.queue.push_back(Piece::Text(released.text));
                     }
                     if released.stopped {
-                        // Dropping the token stream cancels the engine request.
-                        self.tokens = None;
+                        // A finish, not a cancel: the session keeps its KV for its next turn.
+                        if let Some(tokens) = self.tokens.take() {
+                            tokens.finish();
+                        }
                         self.end("completed");
                         self.queue.push_back(Piece::Done {
                             reason: FinishReason::Stop,
