@@ -2,7 +2,7 @@
 //!
 //! The server (crate::server) only ever talks to an [`Engine`]: it turns an OpenAI request
 //! into a [`GenerateRequest`] (prompt already tokenized, output limit already clamped to the
-//! tier's `maxOutputTokens`, tier parameters resolved), calls [`Engine::submit`], and relays
+//! tier's `maxOutputTokens`, tier named), calls [`Engine::submit`], and relays
 //! the [`TokenEvent`]s of the returned [`TokenStream`] to the client. Two implementations:
 //! the fake backend (crate::fake_engine, for tests and the local demo) and the real engine
 //! loop (one owner of scheduler + KV cache + model).
@@ -12,11 +12,15 @@
 //!   chunk) or refused. Admission follows the design's order: the waiting queue is over its
 //!   bound → [`SubmitError::QueueFull`] at once; KV blocks short → evict idle sessions per
 //!   their tier's retention; still short → wait in the queue, at most the tier's
-//!   `queue_wait_target`, then [`SubmitError::QueueTimeout`]; else admit.
-//! - Dropping the [`TokenStream`] (client vanished, stop string matched, drain grace over)
-//!   cancels the request: the engine notices (`TokenSender::is_closed`) at its next step and
-//!   frees the request's KV blocks at once. A future returned by `submit` that is dropped
-//!   before resolving cancels the queued request the same way (`TokenSender::is_closed`).
+//!   `queue_wait_target` (as the last pushed policy has it, measured from
+//!   `GenerateRequest::arrived`), then [`SubmitError::QueueTimeout`]; else admit.
+//! - Dropping the [`TokenStream`] (client vanished, drain grace over) cancels the request:
+//!   the engine notices (`TokenSender::is_closed`) at its next step and frees the request's
+//!   KV blocks at once. A future returned by `submit` that is dropped before resolving
+//!   cancels the queued request the same way (`TokenSender::is_closed`).
+//! - [`TokenStream::finish`] (a stop string matched) ends the request as a finish instead:
+//!   the engine stops it at its next step (`TokenSender::finish_requested`) and its KV stays
+//!   with its session per the tier's retention, so a returning conversation reuses it.
 //! - A stream ends with exactly one [`TokenEvent::Finished`] (unless cancelled); the engine
 //!   never blocks on a slow client: per-request streams are unbounded channels, bounded in
 //!   practice by `max_tokens`.
@@ -26,6 +30,8 @@
 //!   evictions, restores) in the shared [`crate::metrics::Metrics`]; the server records
 //!   latency histograms, rejections and request outcomes.
 
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
 use futures::future::BoxFuture;
@@ -33,34 +39,6 @@ use tokio::sync::mpsc;
 
 /// A token id of the served model's vocabulary.
 pub type TokenId = u32;
-
-/// What the engine needs to know about a request's tier (resolved by the server from the
-/// pushed tier policy).
-#[derive(Clone, Debug, PartialEq)]
-pub struct TierParams {
-    /// Tier name: a bounded metrics label.
-    pub name: String,
-    /// Higher is scheduled first and preempted last.
-    pub priority: i32,
-    /// A request that would wait longer than this in the queue is refused.
-    pub queue_wait_target: Duration,
-    /// How long an idle session of this tier keeps its KV before `on_pressure` applies.
-    pub idle_ttl: Duration,
-    /// What to do with this tier's idle KV under pressure.
-    pub on_pressure: tidegate_api::PressureAction,
-}
-
-impl Default for TierParams {
-    fn default() -> Self {
-        TierParams {
-            name: "default".to_string(),
-            priority: 0,
-            queue_wait_target: Duration::from_secs(2),
-            idle_ttl: Duration::from_secs(600),
-            on_pressure: tidegate_api::PressureAction::Offload,
-        }
-    }
-}
 
 /// Sampling parameters, validated by the server (temperature in [0, 2], top_p in (0, 1]).
 #[derive(Clone, Debug, PartialEq)]
@@ -94,7 +72,10 @@ pub struct GenerateRequest {
     pub sampling: SamplingParams,
     /// Generate exactly `max_tokens`, ignoring EOS (benchmark clients send this).
     pub ignore_eos: bool,
-    pub tier: TierParams,
+    /// The request's tier, by name. The engine reads the tier's parameters (priority,
+    /// queue-wait target, KV retention) from the tier table it was given with
+    /// [`Engine::set_tier_policy`]; an unknown name means the default tier.
+    pub tier: String,
     /// Keys retained KV: a returning conversation reuses or restores it. Already namespaced
     /// by tenant (`<len>:<tenant>:<client session id>`), so equal keys mean the same tenant.
     pub session_id: Option<String>,
@@ -149,28 +130,46 @@ pub struct Admitted {
     pub tokens: TokenStream,
 }
 
-/// Receiving side of a request's tokens. Dropping it cancels the request.
+/// Receiving side of a request's tokens. Dropping it cancels the request;
+/// [`TokenStream::finish`] ends it as finished.
 #[derive(Debug)]
 pub struct TokenStream {
     rx: mpsc::UnboundedReceiver<TokenEvent>,
+    finish: Arc<AtomicBool>,
 }
 
 /// Sending side, held by the engine.
 #[derive(Debug, Clone)]
 pub struct TokenSender {
     tx: mpsc::UnboundedSender<TokenEvent>,
+    finish: Arc<AtomicBool>,
 }
 
 /// A connected pair: the engine keeps the sender, the server gets the stream.
 pub fn token_channel() -> (TokenSender, TokenStream) {
     let (tx, rx) = mpsc::unbounded_channel();
-    (TokenSender { tx }, TokenStream { rx })
+    let finish = Arc::new(AtomicBool::new(false));
+    (
+        TokenSender {
+            tx,
+            finish: Arc::clone(&finish),
+        },
+        TokenStream { rx, finish },
+    )
 }
 
 impl TokenStream {
     /// The next event; `None` when the engine dropped the request without finishing it.
     pub async fn next(&mut self) -> Option<TokenEvent> {
         self.rx.recv().await
+    }
+
+    /// Ends the request as finished, not cancelled (a stop string matched): the engine stops
+    /// generating and keeps the request's KV with its session, as after EOS.
+    pub fn finish(self) {
+        // Set before the receiver drops, so an engine that sees the stream closed also sees
+        // why.
+        self.finish.store(true, Ordering::Release);
     }
 }
 
@@ -183,6 +182,12 @@ impl TokenSender {
     /// True once the server dropped the stream: free the request's resources.
     pub fn is_closed(&self) -> bool {
         self.tx.is_closed()
+    }
+
+    /// True once the server ended the request with [`TokenStream::finish`]: finish it (its
+    /// KV stays with its session) instead of cancelling it.
+    pub fn finish_requested(&self) -> bool {
+        self.finish.load(Ordering::Acquire)
     }
 }
 
@@ -271,8 +276,8 @@ pub trait Engine: Send + Sync + 'static {
     /// Queues a request; resolves when it is admitted or refused (see the module note).
     fn submit(&self, req: GenerateRequest) -> BoxFuture<'static, Result<Admitted, SubmitError>>;
 
-    /// The tier policy in force, called at start and on every accepted push, so the
-    /// scheduler and KV cache can remap tiers (priorities, retention) by name. Requests
-    /// also carry their [`TierParams`]; an engine that needs nothing more can ignore this.
-    fn set_tier_policy(&self, _policy: &tidegate_api::TierPolicySpec) {}
+    /// The tier policy in force, called at start and on every accepted push: the only road
+    /// by which tier parameters reach the engine (requests name their tier). Requests
+    /// already queued follow the new parameters of their tier from then on.
+    fn set_tier_policy(&self, policy: &tidegate_api::TierPolicySpec);
 }

@@ -7,7 +7,8 @@
 //! `max_running / token_delay` tokens/s). Admission keeps the design's order: queue over
 //! bound → `QueueFull`; KV short → evict idle sessions (LRU); still short → wait, at most the
 //! tier's queue-wait target → `QueueTimeout`; else admit (highest tier priority first).
-//! A dropped stream frees its blocks at the next step.
+//! A dropped stream frees its blocks at the next step; one the server finished (stop string)
+//! keeps them with its session, as a normal finish does.
 //!
 //! Tokens are Unicode scalar values (id = code point) so tokenize/detokenize are exact and
 //! stateless; EOS is id 0x110000. The "model" echoes the last user message (or the whole
@@ -15,12 +16,12 @@
 //! parameters are accepted and ignored: output is fully deterministic.
 
 use std::collections::{HashMap, VecDeque};
-use std::sync::Arc;
+use std::sync::{Arc, RwLock};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use futures::FutureExt;
 use futures::future::BoxFuture;
-use tidegate_api::PressureAction;
+use tidegate_api::{PressureAction, Tier, TierPolicySpec};
 use tokio::sync::{mpsc, oneshot};
 
 use crate::backend::{
@@ -65,8 +66,51 @@ impl Default for FakeConfig {
     }
 }
 
+/// What the fake engine uses of a tier, looked up by the request's tier name in the table
+/// that `set_tier_policy` gave it.
+#[derive(Clone, Debug, PartialEq)]
+struct TierParams {
+    name: String,
+    priority: i32,
+    queue_wait_target: Duration,
+    idle_ttl: Duration,
+    on_pressure: PressureAction,
+}
+
+impl Default for TierParams {
+    fn default() -> Self {
+        TierParams::from(&TierPolicySpec::single_default().tiers.remove(0))
+    }
+}
+
+impl From<&Tier> for TierParams {
+    fn from(tier: &Tier) -> Self {
+        TierParams {
+            name: tier.name.clone(),
+            priority: tier.priority,
+            queue_wait_target: tier.queue_wait_target.as_std(),
+            idle_ttl: tier.kv_retention.idle_ttl.as_std(),
+            on_pressure: tier.kv_retention.on_pressure,
+        }
+    }
+}
+
+/// The pushed tiers by name, and the default tier for unknown names.
+#[derive(Debug, Default)]
+struct TierTable {
+    by_name: HashMap<String, TierParams>,
+    default: TierParams,
+}
+
+impl TierTable {
+    fn get(&self, name: &str) -> TierParams {
+        self.by_name.get(name).unwrap_or(&self.default).clone()
+    }
+}
+
 struct Job {
     req: GenerateRequest,
+    tier: TierParams,
     reply: oneshot::Sender<Result<Admitted, SubmitError>>,
 }
 
@@ -77,6 +121,7 @@ pub struct FakeEngine {
     load_delay: Duration,
     jobs: mpsc::Sender<Job>,
     retry_after: Duration,
+    tiers: RwLock<TierTable>,
 }
 
 impl FakeEngine {
@@ -97,6 +142,7 @@ impl FakeEngine {
             load_delay: config.load_delay,
             jobs,
             retry_after: Duration::from_secs(1),
+            tiers: RwLock::new(TierTable::default()),
         });
         metrics.kv_blocks_total.set(config.kv_blocks_total as i64);
         tokio::spawn(Loop::new(config, metrics).run(rx));
@@ -136,7 +182,12 @@ impl Engine for FakeEngine {
 
     fn submit(&self, req: GenerateRequest) -> BoxFuture<'static, Result<Admitted, SubmitError>> {
         let (reply, answer) = oneshot::channel();
-        let sent = self.jobs.try_send(Job { req, reply });
+        let tier = self
+            .tiers
+            .read()
+            .unwrap_or_else(|e| e.into_inner())
+            .get(&req.tier);
+        let sent = self.jobs.try_send(Job { req, tier, reply });
         let retry_after = self.retry_after;
         async move {
             match sent {
@@ -148,6 +199,19 @@ impl Engine for FakeEngine {
             }
         }
         .boxed()
+    }
+
+    fn set_tier_policy(&self, policy: &TierPolicySpec) {
+        let by_name: HashMap<String, TierParams> = policy
+            .tiers
+            .iter()
+            .map(|t| (t.name.clone(), TierParams::from(t)))
+            .collect();
+        let default = policy
+            .tier(&policy.default_tier)
+            .map(TierParams::from)
+            .unwrap_or_default();
+        *self.tiers.write().unwrap_or_else(|e| e.into_inner()) = TierTable { by_name, default };
     }
 }
 
@@ -268,11 +332,11 @@ impl Loop {
             return;
         }
         // Highest priority first, FIFO within a priority.
-        let priority = job.req.tier.priority;
+        let priority = job.tier.priority;
         let at = self
             .waiting
             .iter()
-            .position(|w| w.req.tier.priority < priority)
+            .position(|w| w.tier.priority < priority)
             .unwrap_or(self.waiting.len());
         self.waiting.insert(at, job);
     }
@@ -283,7 +347,7 @@ impl Loop {
             if job.reply.is_closed() {
                 return false;
             }
-            let target = job.req.tier.queue_wait_target;
+            let target = job.tier.queue_wait_target;
             if now.duration_since(job.req.arrived) > target {
                 let (tx, _) = oneshot::channel();
                 let reply = std::mem::replace(&mut job.reply, tx);
@@ -362,6 +426,7 @@ impl Loop {
                 return;
             };
             let req = &job.req;
+            let tier = &job.tier;
             let prompt_len = req.prompt.len() as u32;
             // A returning session takes its retained blocks back.
             let mut cached = 0;
@@ -395,9 +460,9 @@ impl Loop {
                         Idle {
                             blocks: reclaimed,
                             tokens: cached,
-                            tier: req.tier.name.clone(),
-                            on_pressure: req.tier.on_pressure,
-                            idle_ttl: req.tier.idle_ttl,
+                            tier: tier.name.clone(),
+                            on_pressure: tier.on_pressure,
+                            idle_ttl: tier.idle_ttl,
                             last_used: Instant::now(),
                         },
                     );
@@ -410,10 +475,10 @@ impl Loop {
             let queue_wait = req.arrived.elapsed();
             let running = Running {
                 tx,
-                tier: req.tier.name.clone(),
+                tier: tier.name.clone(),
                 session: req.session_id.clone(),
-                on_pressure: req.tier.on_pressure,
-                idle_ttl: req.tier.idle_ttl,
+                on_pressure: tier.on_pressure,
+                idle_ttl: tier.idle_ttl,
                 echo: echo_source(&req.prompt),
                 generated: 0,
                 max_tokens: req.max_tokens,
@@ -439,7 +504,12 @@ impl Loop {
             let r = &mut self.running[i];
             if r.tx.is_closed() {
                 let r = self.running.swap_remove(i);
-                self.free_blocks += r.blocks;
+                // Stopped by the server (stop string): a finish; otherwise a cancel.
+                if r.tx.finish_requested() {
+                    self.finish(r);
+                } else {
+                    self.free_blocks += r.blocks;
+                }
                 continue;
             }
             let pos = r.generated as usize;
@@ -507,7 +577,6 @@ impl Loop {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::backend::TierParams;
 
     fn request(engine: &FakeEngine, text: &str, max_tokens: u32) -> GenerateRequest {
         GenerateRequest {
@@ -516,7 +585,7 @@ mod tests {
             max_tokens,
             sampling: Default::default(),
             ignore_eos: false,
-            tier: TierParams::default(),
+            tier: "default".into(),
             session_id: None,
             arrived: Instant::now(),
         }
@@ -567,8 +636,14 @@ mod tests {
         let mut long = request(&engine, "x", 1000);
         long.ignore_eos = true;
         let _running = engine.submit(long).await.unwrap();
+        let policy: TierPolicySpec = serde_json::from_value(serde_json::json!({
+            "tiers": [{"name": "default"}, {"name": "quick", "queueWaitTarget": "100ms"}],
+            "defaultTier": "default"
+        }))
+        .unwrap();
+        engine.set_tier_policy(&policy);
         let mut waiter = request(&engine, "y", 5);
-        waiter.tier.queue_wait_target = Duration::from_millis(100);
+        waiter.tier = "quick".into();
         let waiting = tokio::spawn(engine.submit(waiter));
         tokio::time::sleep(Duration::from_millis(50)).await;
         let full = engine.submit(request(&engine, "z", 5)).await;

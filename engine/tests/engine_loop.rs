@@ -13,29 +13,41 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use serde_json::{Value, json};
+use tidegate_api::engine_admin::EnginePolicy;
 use tidegate_engine::backend::Engine;
 use tidegate_engine::engine_loop::{LoopConfig, LoopEngine};
 use tidegate_engine::metrics::Metrics;
 use tidegate_engine::model::ModelFiles;
-use tidegate_engine::server::{self, RunningServer, ServerConfig};
+use tidegate_engine::server::{self, AdminAuth, RunningServer, ServerConfig};
 use tokio::net::TcpListener;
 
 struct Harness {
     base: String,
+    admin: Option<String>,
     client: reqwest::Client,
     _server: RunningServer,
 }
 
-async fn start(model: &Path, kv_blocks: usize) -> Harness {
-    let metrics = Metrics::new();
-    let files = ModelFiles::load(model).unwrap();
-    let config = LoopConfig {
+const ADMIN_TOKEN: &str = "admin-secret";
+
+fn loop_config(kv_blocks: usize) -> LoopConfig {
+    LoopConfig {
         model_id: "test-model".into(),
         kv_blocks,
         kv_block_tokens: 16,
         max_batch_tokens: 256,
         ..LoopConfig::default()
-    };
+    }
+}
+
+async fn start(model: &Path, kv_blocks: usize) -> Harness {
+    start_with(model, loop_config(kv_blocks), false).await
+}
+
+/// A server on the engine loop; with `admin`, an admin listener too (for policy pushes).
+async fn start_with(model: &Path, config: LoopConfig, admin: bool) -> Harness {
+    let metrics = Metrics::new();
+    let files = ModelFiles::load(model).unwrap();
     let engine = LoopEngine::start(files, config, metrics.clone()).unwrap();
     for _ in 0..600 {
         if engine.is_ready() {
@@ -46,9 +58,20 @@ async fn start(model: &Path, kv_blocks: usize) -> Harness {
     assert!(engine.is_ready(), "engine loaded");
     let engine: Arc<dyn Engine> = engine;
     let api = TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let server = server::start(ServerConfig::default(), api, None, engine, metrics).unwrap();
+    let (admin_listener, auth) = if admin {
+        let l = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        (Some(l), AdminAuth::Token(ADMIN_TOKEN.into()))
+    } else {
+        (None, AdminAuth::Disabled)
+    };
+    let server_config = ServerConfig {
+        admin: auth,
+        ..ServerConfig::default()
+    };
+    let server = server::start(server_config, api, admin_listener, engine, metrics).unwrap();
     Harness {
         base: format!("http://{}", server.api_addr),
+        admin: server.admin_addr.map(|a| format!("http://{a}")),
         client: reqwest::Client::new(),
         _server: server,
     }
@@ -67,6 +90,31 @@ impl Harness {
             .send()
             .await
             .unwrap()
+    }
+
+    async fn post_as(&self, path: &str, body: Value, tier: &str) -> reqwest::Response {
+        self.client
+            .post(format!("{}{path}", self.base))
+            .header("content-type", "application/json")
+            .header("x-tidegate-tenant", "t1")
+            .header("x-tidegate-tier", tier)
+            .body(body.to_string())
+            .send()
+            .await
+            .unwrap()
+    }
+
+    async fn push_policy(&self, policy: &EnginePolicy) {
+        let admin = self.admin.as_ref().unwrap();
+        let resp = self
+            .client
+            .put(format!("{admin}/admin/v1/policy"))
+            .header("authorization", format!("Bearer {ADMIN_TOKEN}"))
+            .body(serde_json::to_string(policy).unwrap())
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(resp.status(), 204, "{}", resp.text().await.unwrap());
     }
 
     async fn complete(&self, body: Value) -> Value {
@@ -234,6 +282,116 @@ async fn returning_session_reuses_its_kv() {
         "{m}"
     );
     assert_eq!(first["choices"][0]["text"], second["choices"][0]["text"]);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn session_ended_by_stop_string_keeps_its_kv() {
+    let h = random_harness().await;
+    let prompt = "a conversation whose reply ends on a stop string, long enough for blocks";
+    // The greedy reply, to take a stop string from its middle.
+    let probe = h.complete(greedy(prompt, 24)).await;
+    let probe_text = probe["choices"][0]["text"].as_str().unwrap().to_string();
+    let chars: Vec<char> = probe_text.chars().collect();
+    assert!(chars.len() >= 8, "{probe}");
+    let stop: String = chars[chars.len() / 2..chars.len() / 2 + 2].iter().collect();
+    // The same turn in a session, with far more tokens allowed than it reaches: the stop
+    // string ends it while the engine is still generating.
+    let mut body = greedy(prompt, 400);
+    body["session_id"] = json!("conv-stop");
+    body["stop"] = json!([stop]);
+    let reply = h.complete(body).await;
+    assert_eq!(reply["choices"][0]["finish_reason"], "stop", "{reply}");
+    let reply_text = reply["choices"][0]["text"].as_str().unwrap().to_string();
+    assert!(probe_text.starts_with(&reply_text), "{reply} vs {probe}");
+    let resident = "tidegate_engine_restores_total{source=\"resident\"}";
+    let before = metric(&h.metrics().await, resident);
+    // The conversation returns: its KV is still resident under the session.
+    let mut next = greedy(&format!("{prompt}{reply_text} and then?"), 4);
+    next["session_id"] = json!("conv-stop");
+    let v = h.complete(next).await;
+    let m = h.metrics().await;
+    assert_eq!(metric(&m, resident) - before, 1.0, "session KV reused\n{m}");
+    let cached = v["usage"]["prompt_tokens_details"]["cached_tokens"]
+        .as_f64()
+        .unwrap();
+    assert!(cached >= 16.0, "{v}");
+}
+
+/// A policy with a high tier that never times out and a `batch` tier with `batch_target`.
+fn two_tier_policy(batch_target: &str) -> EnginePolicy {
+    let spec = json!({
+        "tiers": [
+            {"name": "gold", "priority": 100, "queueWaitTarget": "1h"},
+            {"name": "batch", "priority": 1, "queueWaitTarget": batch_target}
+        ],
+        "defaultTier": "batch",
+        "tenancy": {"gatewayHeaders": {}}
+    });
+    EnginePolicy {
+        tier_policy: Some(serde_json::from_value(spec).unwrap()),
+        ..EnginePolicy::default()
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn pushed_queue_wait_target_applies_to_queued_requests() {
+    let config = LoopConfig {
+        max_batch_seqs: 1,
+        ..loop_config(256)
+    };
+    let h = Arc::new(start_with(&common::random_model_dir(), config, true).await);
+    h.push_policy(&two_tier_policy("300ms")).await;
+    // One slot: gold requests hold it (and queue) while a batch request waits behind them.
+    let mut blockers = Vec::new();
+    for i in 0..3 {
+        let mut body = greedy(&format!("blocker {i}"), 1000);
+        body["stream"] = json!(true);
+        let h = Arc::clone(&h);
+        blockers.push(tokio::spawn(async move {
+            h.post_as("/v1/completions", body, "gold").await
+        }));
+    }
+    let waiting = "tidegate_engine_requests_waiting";
+    let mut queued = false;
+    for _ in 0..500 {
+        if metric(&h.metrics().await, waiting) >= 2.0 {
+            queued = true;
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(2)).await;
+    }
+    assert!(queued, "gold requests queue behind the slot");
+    let waiter = {
+        let h = Arc::clone(&h);
+        tokio::spawn(async move {
+            let body = greedy("the batch job", 4);
+            h.post_as("/v1/completions", body, "batch").await
+        })
+    };
+    let mut queued = false;
+    for _ in 0..500 {
+        if metric(&h.metrics().await, waiting) >= 3.0 {
+            queued = true;
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(2)).await;
+    }
+    assert!(queued, "the batch request is queued");
+    // The operator relaxes the batch tier's target while the request waits: the new target
+    // is the one it is held to, as the new priority is.
+    h.push_policy(&two_tier_policy("1h")).await;
+    tokio::time::sleep(Duration::from_millis(600)).await;
+    let m = h.metrics().await;
+    assert_eq!(metric(&m, "tidegate_engine_requests_running"), 1.0, "{m}");
+    assert!(!waiter.is_finished(), "still waiting past the old target");
+    for b in blockers {
+        drop(b.await.unwrap());
+    }
+    let resp = tokio::time::timeout(Duration::from_secs(60), waiter)
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(resp.status(), 200, "{}", resp.text().await.unwrap());
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -5,9 +5,9 @@
 //! before submission), so queueing inside the engine counts towards TTFT.
 
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Instant;
 
-use crate::backend::{Engine, GenerateRequest, SamplingParams, TierParams, TokenEvent};
+use crate::backend::{Engine, GenerateRequest, SamplingParams, TokenEvent};
 
 /// Timings of one request.
 pub(super) struct Timing {
@@ -45,7 +45,8 @@ pub(super) fn prompt(n: usize, salt: usize, vocab: usize) -> Vec<u32> {
         .collect()
 }
 
-/// A greedy request that generates exactly `max_tokens` (EOS ignored) in tier `tier`.
+/// A greedy request that generates exactly `max_tokens` (EOS ignored) in tier `tier` (the
+/// bench pushes a policy whose tiers never time out in the queue).
 pub(super) fn request(
     id: String,
     prompt: Vec<u32>,
@@ -63,11 +64,7 @@ pub(super) fn request(
             seed: Some(0),
         },
         ignore_eos: true,
-        tier: TierParams {
-            name: tier.to_string(),
-            queue_wait_target: Duration::from_secs(3600),
-            ..TierParams::default()
-        },
+        tier: tier.to_string(),
         session_id: session,
         arrived: Instant::now(),
     }
@@ -117,6 +114,7 @@ pub(super) fn steady_decode_rate(timings: &[Timing]) -> Option<f64> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use std::time::Duration;
 
     fn timing(t0: Instant, ms: &[u64]) -> Timing {
         Timing {

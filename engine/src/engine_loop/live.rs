@@ -4,11 +4,11 @@
 //! Invariant: `reply` is `Some` exactly until the request is admitted or refused, so the
 //! admission oneshot resolves at most once.
 
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use tokio::sync::oneshot;
 
-use crate::backend::{SubmitError, TierParams, TokenEvent, TokenSender};
+use crate::backend::{SubmitError, TokenEvent, TokenSender};
 use crate::model::{TextStream, Tokenizer};
 use crate::sampling::{Sampler, SamplingParams};
 
@@ -16,8 +16,6 @@ use crate::sampling::{Sampler, SamplingParams};
 pub(super) struct Live {
     pub(super) tx: TokenSender,
     pub(super) reply: Option<oneshot::Sender<Result<Duration, SubmitError>>>,
-    pub(super) arrived: Instant,
-    pub(super) tier: TierParams,
     pub(super) sampler: Sampler,
     pub(super) text: TextStream,
     /// Prompt tokens served from reused KV (known at admission).
@@ -39,8 +37,6 @@ impl Live {
         Live {
             tx,
             reply: Some(reply),
-            arrived: req.arrived,
-            tier: req.tier.clone(),
             sampler: Sampler::new(params),
             text: TextStream::new(),
             cached_prompt_tokens: 0,
@@ -52,17 +48,11 @@ impl Live {
         self.tx.is_closed()
     }
 
-    /// Whether it waited past its tier's queue-wait target without being admitted.
-    pub(super) fn timed_out(&self, now: Instant) -> bool {
-        self.reply.is_some()
-            && now.saturating_duration_since(self.arrived) > self.tier.queue_wait_target
-    }
-
-    /// Resolves admission with the time spent queued.
-    pub(super) fn admit(&mut self, now: Instant, cached_prompt_tokens: u32) {
+    /// Resolves admission with the time spent queued (on the scheduler's clock).
+    pub(super) fn admit(&mut self, queue_wait: Duration, cached_prompt_tokens: u32) {
         self.cached_prompt_tokens = cached_prompt_tokens;
         if let Some(reply) = self.reply.take() {
-            let _ = reply.send(Ok(now.saturating_duration_since(self.arrived)));
+            let _ = reply.send(Ok(queue_wait));
         }
     }
 

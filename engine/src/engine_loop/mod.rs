@@ -4,13 +4,19 @@
 //! Shape: `submit` builds the request's token channel, puts a [`Job`] on a bounded channel
 //! (full → `QueueFull` at once) and waits on a oneshot that the owner thread resolves when the
 //! request is first scheduled (admitted) or refused. The owner thread (a dedicated
-//! `std::thread`, since forward passes are CPU-bound) loops: drain the inbox, drop cancelled
-//! requests, refuse requests queued past their tier's wait target, schedule one step, run one
-//! batched forward pass, sample, stream tokens, finish requests, publish metrics; it sleeps on
-//! the inbox when idle.
+//! `std::thread`, since forward passes are CPU-bound) loops: drain the inbox, finish requests
+//! the server stopped and drop cancelled ones, schedule one step (which refuses requests
+//! queued past their tier's wait target), run one batched forward pass, sample, stream
+//! tokens, finish requests, publish metrics; it sleeps on the inbox when idle.
+//!
+//! Tiers: a request names its tier; everything about the tier (priority, queue-wait target,
+//! KV retention) is read from the scheduler's one tier table, which `set_tier_policy`
+//! replaces. So a push changes all of a tier's parameters together, for queued requests too.
 //!
 //! Invariant: only the owner thread touches scheduler, KV cache and runner state; the handle
-//! shares nothing with it but channels, the ready flag and a one-slot tier-policy mailbox.
+//! shares nothing with it but channels, the ready flag and a one-slot tier-policy mailbox
+//! (one slot so a push is never lost to a full inbox; the owner applies it before it takes
+//! in any request submitted after the push).
 
 pub mod bench;
 mod bench_client;

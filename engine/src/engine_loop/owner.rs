@@ -1,12 +1,15 @@
 //! The owner thread: the only holder of scheduler, KV cache manager, runner and samplers.
 //!
 //! Each turn: take new requests and policy from the inbox (sleeping on it when there is
-//! nothing to do), drop cancelled requests, refuse those queued past their tier's target,
-//! schedule a step, run one batched forward pass over every scheduled chunk, sample each
-//! sequence with its own sampler, stream the tokens, end finished requests with exactly one
-//! `Finished`, and publish metrics.
+//! nothing to do), finish requests the server stopped (stop string) and drop cancelled ones,
+//! schedule a step (the scheduler refuses requests queued past their tier's target, on its
+//! clock and tier table, and the owner answers them), run one batched forward pass over
+//! every scheduled chunk, sample each sequence with its own sampler, stream the tokens, end
+//! finished requests with exactly one `Finished`, and publish metrics.
 //!
-//! Invariant: every id in `live` is live in the scheduler and vice versa, between turns.
+//! Invariants: every id in `live` is live in the scheduler and vice versa, between turns;
+//! a request's tier parameters come only from the scheduler's tier table (requests name
+//! their tier), and a policy push is applied before any request submitted after it.
 
 use std::collections::HashMap;
 use std::sync::mpsc::{Receiver, RecvTimeoutError, TryRecvError};
@@ -19,7 +22,7 @@ use crate::kv_cache::{KvCacheManager, KvConfig, SeqId, StoreConfig, Tiers};
 use crate::metrics::Metrics;
 use crate::model::{ModelFiles, Tokenizer};
 use crate::runner::{Runner, RunnerConfig, SeqChunk};
-use crate::scheduler::{AddError, NewRequest, Scheduler, SchedulerConfig};
+use crate::scheduler::{AddError, Expired, NewRequest, Scheduler, SchedulerConfig};
 
 use super::live::Live;
 use super::publish::publish;
@@ -161,8 +164,17 @@ impl Owner {
     fn handle(&mut self, msg: Msg) {
         match msg {
             Msg::Wake => {}
-            Msg::Submit(job) => self.add(*job),
+            Msg::Submit(job) => {
+                // A push that returned before this request was submitted governs it.
+                self.apply_tiers();
+                self.add(*job);
+            }
         }
+    }
+
+    /// `at` on the scheduler's clock (milliseconds since `epoch`).
+    fn ms_at(&self, at: Instant) -> u64 {
+        u64::try_from(at.saturating_duration_since(self.epoch).as_millis()).unwrap_or(u64::MAX)
     }
 
     fn add(&mut self, job: Job) {
@@ -170,8 +182,10 @@ impl Owner {
         let id = self.next_id;
         self.next_id += 1;
         let live = Live::new(&req, tx, reply, id ^ 0x9e37_79b9_7f4a_7c15);
-        let tiers = self.sched.kv().tiers();
-        let tier = tiers.id_of(&req.tier.name).unwrap_or(tiers.default_id());
+        let tiers = self.sched.tiers();
+        let tier = tiers.id_of(&req.tier).unwrap_or(tiers.default_id());
+        // Queue wait counts from when the server received the request.
+        let arrived = self.ms_at(req.arrived);
         let new = NewRequest {
             id,
             tier,
@@ -184,8 +198,7 @@ impl Owner {
                 self.eos.clone()
             },
         };
-        let now = self.now_ms();
-        match self.sched.add_request(new, now) {
+        match self.sched.add_request(new, arrived) {
             Ok(()) => {
                 self.live.insert(id, live);
             }
@@ -203,23 +216,35 @@ impl Owner {
         }
     }
 
-    /// Cancels requests whose client left, and refuses those queued too long.
+    /// Ends requests the server is done with: finished ones (a stop string matched) keep
+    /// their session's KV, cancelled ones (client gone) free it.
     fn sweep(&mut self) {
-        let now = Instant::now();
-        let mut gone = Vec::new();
+        let now = self.now_ms();
+        let mut finished = Vec::new();
+        let mut cancelled = Vec::new();
         for (&id, l) in &self.live {
-            if l.is_cancelled() || l.timed_out(now) {
-                gone.push(id);
+            if l.tx.finish_requested() {
+                finished.push(id);
+            } else if l.is_cancelled() {
+                cancelled.push(id);
             }
         }
-        for id in gone {
+        for id in finished {
+            self.sched.finish(id, now);
+            self.live.remove(&id);
+        }
+        for id in cancelled {
             self.sched.cancel(id);
-            if let Some(l) = self.live.remove(&id)
-                && !l.is_cancelled()
-            {
-                let target = l.tier.queue_wait_target;
+            self.live.remove(&id);
+        }
+    }
+
+    /// Refuses the requests the scheduler dropped for waiting past their tier's target.
+    fn refuse_expired(&mut self, expired: &[Expired]) {
+        for e in expired {
+            if let Some(l) = self.live.remove(&e.seq_id) {
                 l.refuse(SubmitError::QueueTimeout {
-                    target,
+                    target: Duration::from_millis(e.target_ms),
                     retry_after: self.retry_after,
                 });
             }
@@ -231,6 +256,7 @@ impl Owner {
         self.sweep();
         let now = self.now_ms();
         let out = self.sched.schedule(now, &mut self.runner);
+        self.refuse_expired(&out.expired);
         if out.is_empty() {
             self.sched.tick(now, &mut self.runner);
             publish(&self.metrics, &self.sched);
@@ -239,12 +265,10 @@ impl Owner {
             }
             return;
         }
-        let admitted_at = Instant::now();
         for s in &out.scheduled {
-            if let Some(l) = self.live.get_mut(&s.seq_id)
-                && l.reply.is_some()
-            {
-                l.admit(admitted_at, u32::try_from(s.start_pos).unwrap_or(u32::MAX));
+            if let (Some(l), Some(wait)) = (self.live.get_mut(&s.seq_id), s.queue_wait_ms) {
+                let cached = u32::try_from(s.start_pos).unwrap_or(u32::MAX);
+                l.admit(Duration::from_millis(wait), cached);
             }
         }
         let chunks: Vec<SeqChunk<'_>> = out

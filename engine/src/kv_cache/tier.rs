@@ -1,5 +1,6 @@
-//! Tier settings the KV cache and the scheduler act on: priority, idle TTL, the action taken on
-//! an idle session's KV under pressure, and the expected chance that a session returns.
+//! Tier settings the KV cache and the scheduler act on: priority, queue-wait target, idle TTL,
+//! the action taken on an idle session's KV under pressure, and the expected chance that a
+//! session returns.
 //!
 //! Invariant: a [`Tiers`] table is never empty and its default index is valid, so every
 //! lookup by [`TierId`] answers (an unknown id falls back to the default tier).
@@ -34,10 +35,18 @@ pub struct TierConfig {
     /// Chance that an idle session of this tier comes back right after it ends (0..=1); the
     /// cost model decays it with idle time.
     pub return_probability: f64,
+    /// A request of this tier not yet admitted after waiting this long is refused (the
+    /// scheduler expires it on its clock). A pushed TierPolicy always sets it.
+    pub queue_wait_ms: u64,
 }
 
+/// Queue-wait target of a tier built with [`TierConfig::new`]: none (requests wait until
+/// admitted), so a hand-built table never refuses anyone by surprise.
+pub const NO_QUEUE_WAIT_TARGET: u64 = u64::MAX;
+
 impl TierConfig {
-    /// A tier with the given name, priority, TTL and action, and a 50% return probability.
+    /// A tier with the given name, priority, TTL and action, a 50% return probability and no
+    /// queue-wait target.
     pub fn new(name: &str, priority: i32, idle_ttl_ms: u64, on_pressure: PressureAction) -> Self {
         TierConfig {
             name: name.to_string(),
@@ -45,6 +54,7 @@ impl TierConfig {
             idle_ttl_ms,
             on_pressure,
             return_probability: 0.5,
+            queue_wait_ms: NO_QUEUE_WAIT_TARGET,
         }
     }
 }
@@ -108,6 +118,7 @@ static FALLBACK: TierConfig = TierConfig {
     idle_ttl_ms: 0,
     on_pressure: PressureAction::Drop,
     return_probability: 0.0,
+    queue_wait_ms: NO_QUEUE_WAIT_TARGET,
 };
 
 #[cfg(test)]

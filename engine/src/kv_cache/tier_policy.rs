@@ -22,7 +22,11 @@ impl From<ApiAction> for PressureAction {
 impl From<&Tier> for TierConfig {
     fn from(t: &Tier) -> Self {
         let ttl = u64::try_from(t.kv_retention.idle_ttl.as_std().as_millis()).unwrap_or(u64::MAX);
-        TierConfig::new(&t.name, t.priority, ttl, t.kv_retention.on_pressure.into())
+        let wait = u64::try_from(t.queue_wait_target.as_std().as_millis()).unwrap_or(u64::MAX);
+        TierConfig {
+            queue_wait_ms: wait,
+            ..TierConfig::new(&t.name, t.priority, ttl, t.kv_retention.on_pressure.into())
+        }
     }
 }
 
@@ -59,6 +63,7 @@ mod tests {
             (pro.priority, pro.idle_ttl_ms, pro.on_pressure),
             (50, 600_000, PressureAction::Offload)
         );
+        assert_eq!(pro.queue_wait_ms, 2_000, "the TierPolicy default");
         assert_eq!(tiers.get(0).idle_ttl_ms, 30_000);
         assert_eq!(tiers.get(2).on_pressure, PressureAction::Retain);
         let mut bad = spec.clone();

@@ -1,5 +1,6 @@
 //! The scheduler's state and its non-step operations: admitting requests into the queue,
-//! cancelling, finishing, and folding a step's sampled tokens back in.
+//! cancelling, finishing, expiring requests queued past their tier's target, and folding a
+//! step's sampled tokens back in.
 //!
 //! Invariants:
 //! - every live request is in exactly one of `waiting` or `running`, matching its state;
@@ -16,7 +17,7 @@ use crate::block_io::BlockIo;
 use crate::kv_cache::{KvCacheManager, SeqId, Tiers};
 
 use super::config::SchedulerConfig;
-use super::output::{Finished, SchedStats};
+use super::output::{Expired, Finished, SchedStats};
 use super::request::{FinishReason, NewRequest, Request, State};
 
 /// Why a request was not queued.
@@ -77,8 +78,14 @@ impl Scheduler {
         self.kv.set_cost_model(cost);
     }
 
+    /// The tier table in force.
+    pub fn tiers(&self) -> &Tiers {
+        self.kv.tiers()
+    }
+
     /// Replaces the tier table (a pushed TierPolicy). Live requests keep their tier by name;
-    /// one whose tier disappeared moves to the new default tier.
+    /// one whose tier disappeared moves to the new default tier. From here on every request
+    /// of a tier — queued ones included — is ordered, expired and retained by the new entry.
     pub fn set_tiers(&mut self, tiers: Tiers) {
         let default = tiers.default_id();
         let map = self.kv.set_tiers(tiers);
@@ -119,8 +126,9 @@ impl Scheduler {
             .min(self.kv.blocks_total() * self.kv.block_size())
     }
 
-    /// Queues a request (queue full → `QueueFull`: reject with Retry-After). `now` is the
-    /// caller's monotonic milliseconds.
+    /// Queues a request (queue full → `QueueFull`: reject with Retry-After). `now` is when it
+    /// arrived, in the caller's monotonic milliseconds: its queue wait (aging, expiry) counts
+    /// from there.
     pub fn add_request(&mut self, req: NewRequest, now: u64) -> Result<(), AddError> {
         if self.waiting.len() >= self.cfg.max_waiting {
             return Err(AddError::QueueFull(self.waiting.len()));
@@ -230,6 +238,35 @@ impl Scheduler {
             prompt_tokens: req.prompt_len,
             output_tokens: req.generated(),
         })
+    }
+
+    /// Drops the waiting requests that were never admitted and have waited longer than their
+    /// tier's queue-wait target at `now`. A preempted request (admitted once) never expires.
+    pub fn expire_waiting(&mut self, now: u64) -> Vec<Expired> {
+        let tiers = self.kv.tiers();
+        let expired: Vec<Expired> = self
+            .waiting
+            .iter()
+            .filter_map(|&id| {
+                let r = self.reqs.get(&id)?;
+                let waited_ms = now.saturating_sub(r.arrived);
+                let target_ms = tiers.get(r.tier).queue_wait_ms;
+                (r.first_scheduled.is_none() && waited_ms > target_ms).then_some(Expired {
+                    seq_id: id,
+                    waited_ms,
+                    target_ms,
+                })
+            })
+            .collect();
+        for e in &expired {
+            // Never admitted, so it holds no blocks; dropped like a cancel.
+            self.reqs.remove(&e.seq_id);
+            self.kv.free_seq(e.seq_id);
+            self.finished_since_step.push(e.seq_id);
+        }
+        self.waiting.retain(|id| self.reqs.contains_key(id));
+        self.stats.expired += expired.len() as u64;
+        expired
     }
 
     /// Forgets a chat session's idle KV now (e.g. the conversation was deleted).

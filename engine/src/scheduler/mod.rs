@@ -46,8 +46,11 @@
 //! If the forward pass fails, skip `update`: nothing counts as computed, and the next
 //! `schedule` hands out the same chunks again (block tables are kept).
 //!
-//! Invariant: the scheduler is the single owner of request state and of the KV cache manager;
-//! nothing else mutates either (no locks).
+//! Invariants: the scheduler is the single owner of request state and of the KV cache
+//! manager; nothing else mutates either (no locks). It owns the one tier table (in the KV
+//! cache manager: priority, queue-wait target, retention), so every decision about a request
+//! — order, preemption, queue-wait expiry, what happens to its KV — reads the same tier as
+//! it is now, on the clock the caller passes in (`now`, monotonic milliseconds).
 
 pub mod config;
 pub mod core;
@@ -59,7 +62,7 @@ pub mod step;
 pub use config::SchedulerConfig;
 pub use core::{AddError, Scheduler};
 pub use metrics::Snapshot;
-pub use output::{Finished, SchedStats, ScheduledSeq, SchedulerOutput};
+pub use output::{Expired, Finished, SchedStats, ScheduledSeq, SchedulerOutput};
 pub use request::{FinishReason, NewRequest};
 
 #[cfg(test)]

@@ -4,7 +4,7 @@
 //! `num_tokens` is the sum of the chunks' lengths and never exceeds the token budget;
 //! `scheduled.len()` never exceeds the batch size; every chunk's positions
 //! `start_pos..start_pos + tokens.len()` are covered by its `block_table`; a preempted id is
-//! not scheduled in the same step.
+//! not scheduled in the same step; an expired id is neither scheduled nor live.
 
 use crate::kv_cache::{BlockId, KvSource, SeqId};
 
@@ -41,6 +41,20 @@ pub struct SchedulerOutput {
     pub preempted: Vec<SeqId>,
     /// Sequences finished or cancelled since the previous step (runner state may be freed).
     pub finished: Vec<SeqId>,
+    /// Requests refused in this step because they waited past their tier's queue-wait
+    /// target without being admitted (they are no longer live).
+    pub expired: Vec<Expired>,
+}
+
+/// A request that waited past its tier's queue-wait target and was dropped from the queue.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Expired {
+    /// The request.
+    pub seq_id: SeqId,
+    /// Milliseconds it waited.
+    pub waited_ms: u64,
+    /// Its tier's target at the time (from the tier table in force).
+    pub target_ms: u64,
 }
 
 impl SchedulerOutput {
@@ -78,4 +92,6 @@ pub struct SchedStats {
     pub finished: u64,
     /// Requests cancelled.
     pub cancelled: u64,
+    /// Requests refused for waiting past their tier's queue-wait target.
+    pub expired: u64,
 }

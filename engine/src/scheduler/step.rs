@@ -2,6 +2,10 @@
 //! waiting requests into the token budget and batch size, preempting the lowest-priority
 //! running sequence when blocks run out.
 //!
+//! Queue wait: a step first refuses the waiting requests that were never admitted and have
+//! waited longer than their tier's queue-wait target (`SchedulerOutput::expired`), on the
+//! same clock and the same tier table as everything below.
+//!
 //! Order and fairness:
 //! - every request has an effective priority: its tier priority plus one level per
 //!   `aging_ms_per_level` since it arrived (aging). Requests age at the same rate, so the
@@ -43,8 +47,11 @@ impl Scheduler {
     /// eviction or preemption, restore, copy-on-write) are done through `io` before it returns.
     pub fn schedule(&mut self, now: u64, io: &mut dyn BlockIo) -> SchedulerOutput {
         self.kv.evict_expired(now, io);
+        // Before admission: a request already past its target is refused, not started late.
+        let expired = self.expire_waiting(now);
         let mut out = SchedulerOutput {
             finished: std::mem::take(&mut self.finished_since_step),
+            expired,
             ..SchedulerOutput::default()
         };
         let mut chunks: Vec<Chunk> = Vec::new();

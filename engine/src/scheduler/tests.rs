@@ -422,3 +422,81 @@ fn a_failed_step_is_retried() {
     assert_eq!(again.scheduled[0].queue_wait_ms, None);
     s.check().unwrap();
 }
+
+/// `tiers(Drop)` with the given queue-wait targets for "low" and "high".
+fn tiers_waiting(low_ms: u64, high_ms: u64) -> Tiers {
+    let mut low = TierConfig::new("low", 0, 60_000, PressureAction::Drop);
+    low.queue_wait_ms = low_ms;
+    let mut high = TierConfig::new("high", 100, 60_000, PressureAction::Offload);
+    high.queue_wait_ms = high_ms;
+    Tiers::new(vec![low, high], "low").unwrap()
+}
+
+#[test]
+fn queue_wait_expires_on_the_scheduler_clock() {
+    let (mut s, mut io) = sched(64, cfg(8, 1), PressureAction::Drop);
+    s.set_tiers(tiers_waiting(100, 10_000));
+    // One slot: request 1 runs for a while; 2 (low) and 3 (high) wait behind it.
+    s.add_request(req(1, HIGH, 4, 50), 0).unwrap();
+    let (o, _) = step(&mut s, &mut io, 0);
+    assert_eq!(o.scheduled[0].seq_id, 1);
+    s.add_request(req(2, LOW, 4, 5), 5).unwrap();
+    s.add_request(req(3, HIGH, 4, 5), 5).unwrap();
+    // At exactly its target it still waits; one millisecond later it is refused.
+    let (o, _) = step(&mut s, &mut io, 105);
+    assert!(o.expired.is_empty(), "{:?}", o.expired);
+    let (o, _) = step(&mut s, &mut io, 106);
+    assert_eq!(
+        o.expired,
+        vec![Expired {
+            seq_id: 2,
+            waited_ms: 101,
+            target_ms: 100
+        }]
+    );
+    assert!(!s.contains(2));
+    assert_eq!(s.num_waiting(), 1);
+    assert_eq!(s.stats().expired, 1);
+    s.check().unwrap();
+    // Each by its own tier's target; the running request never expires.
+    let (o, _) = step(&mut s, &mut io, 20_000);
+    assert_eq!(
+        o.expired.iter().map(|e| e.seq_id).collect::<Vec<_>>(),
+        vec![3]
+    );
+    let (o, _) = step(&mut s, &mut io, 40_000);
+    assert!(o.expired.is_empty());
+    assert!(s.contains(1));
+}
+
+#[test]
+fn pushed_queue_wait_target_applies_with_the_tiers_priority() {
+    let (mut s, mut io) = sched(64, cfg(8, 1), PressureAction::Drop);
+    s.set_tiers(tiers_waiting(100, 10_000));
+    s.add_request(req(1, HIGH, 4, 500), 0).unwrap();
+    step(&mut s, &mut io, 0);
+    s.add_request(req(2, LOW, 4, 5), 0).unwrap();
+    s.add_request(req(3, HIGH, 4, 5), 0).unwrap();
+    // The push raises "low" above "high", relaxes its target and tightens "high"'s: the
+    // queued requests follow their tier's new entry, priority and target together.
+    let mut low = TierConfig::new("low", 200, 60_000, PressureAction::Drop);
+    low.queue_wait_ms = 10_000;
+    let mut high = TierConfig::new("high", 100, 60_000, PressureAction::Offload);
+    high.queue_wait_ms = 300;
+    s.set_tiers(Tiers::new(vec![high, low], "low").unwrap());
+    let (o, _) = step(&mut s, &mut io, 200);
+    assert!(o.expired.is_empty(), "2 is past its old target only");
+    assert!(s.cancel(1));
+    let (o, _) = step(&mut s, &mut io, 250);
+    assert_eq!(o.scheduled[0].seq_id, 2, "the new priority");
+    let (o, _) = step(&mut s, &mut io, 301);
+    assert_eq!(
+        o.expired
+            .iter()
+            .map(|e| (e.seq_id, e.target_ms))
+            .collect::<Vec<_>>(),
+        vec![(3, 300)],
+        "the new target"
+    );
+    s.check().unwrap();
+}

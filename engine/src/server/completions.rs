@@ -5,8 +5,9 @@
 //! new-tenant gate, rate limits, then the engine's own admission (queue bound, KV, queue
 //! wait); every refusal is counted once with its reason; a streamed response ends with
 //! `data: [DONE]` (unless cut by the end of a drain); dropping the response (client gone)
-//! drops the engine's token stream, which cancels the request and frees its KV; the
-//! in-flight guard lives exactly as long as the response body.
+//! drops the engine's token stream, which cancels the request and frees its KV, while a
+//! matched stop string *finishes* it (its session keeps its KV, as at EOS); the in-flight
+//! guard lives exactly as long as the response body.
 
 use std::collections::VecDeque;
 use std::convert::Infallible;
@@ -16,22 +17,21 @@ use std::time::{Instant, SystemTime, UNIX_EPOCH};
 
 use axum::Json;
 use axum::body::Bytes;
-use axum::extract::rejection::BytesRejection;
-use axum::extract::{FromRequest, Request, State};
-use axum::http::StatusCode;
+use axum::extract::{Request, State};
 use axum::response::sse::{Event, Sse};
 use axum::response::{IntoResponse, Response};
 use serde_json::{Value, json};
 use tidegate_api::Tier;
 
 use super::AppState;
+use super::body::read_limited;
 use super::drain::InFlight;
 use super::error::ApiError;
 use super::openai::{Endpoint, Prepared, prepare};
 use super::stop::StopMatcher;
 use crate::backend::{FinishReason, GenerateRequest, TokenEvent, TokenStream, Usage};
 use crate::metrics::Metrics;
-use crate::tenancy::{Identity, registry::now_ms, tier_params};
+use crate::tenancy::{Identity, registry::now_ms};
 
 static NEXT_ID: AtomicU64 = AtomicU64::new(1);
 
@@ -59,32 +59,15 @@ pub async fn chat_completions(State(app): State<Arc<AppState>>, request: Request
     handle(app, Endpoint::Chat, request).await
 }
 
-/// Reads the body within the size limit (DefaultBodyLimit) and the read timeout, so a slow
-/// or stalled upload cannot hold a connection and its buffers forever.
+/// Reads the body within the size limit and the read timeout, so a slow or stalled upload
+/// cannot hold a connection and its buffers forever (see `body` for oversized ones).
 async fn read_body(app: &AppState, request: Request) -> Result<Bytes, ApiError> {
-    let limit = app.config.max_body_bytes;
-    match tokio::time::timeout(
+    read_limited(
+        request,
+        app.config.max_body_bytes,
         app.config.body_read_timeout,
-        Bytes::from_request(request, &()),
     )
     .await
-    {
-        Ok(Ok(bytes)) => Ok(bytes),
-        Ok(Err(rejection)) => Err(body_error(rejection, limit)),
-        Err(_) => Err(ApiError::BodyTimeout(app.config.body_read_timeout)),
-    }
-}
-
-/// Maps a body extraction failure (size limit, broken stream) to an OpenAI error.
-pub fn body_error(rejection: BytesRejection, limit: usize) -> ApiError {
-    if rejection.status() == StatusCode::PAYLOAD_TOO_LARGE {
-        ApiError::TooLarge(limit)
-    } else {
-        ApiError::invalid(
-            format!("Could not read the request body: {rejection}"),
-            None,
-        )
-    }
 }
 
 async fn handle(app: Arc<AppState>, endpoint: Endpoint, request: Request) -> Response {
@@ -159,7 +142,8 @@ async fn admit(
         max_tokens,
         sampling: prepared.sampling.clone(),
         ignore_eos: prepared.ignore_eos,
-        tier: tier_params(&identity.tier),
+        // By name only: the engine holds the tier's parameters (one tier table).
+        tier: identity.tier.name.clone(),
         // Namespaced by tenant: one tenant's session id never reaches another's KV.
         session_id: prepared
             .session_id
@@ -281,8 +265,10 @@ impl Generation {
                         self.queue.push_back(Piece::Text(released.text));
                     }
                     if released.stopped {
-                        // Dropping the token stream cancels the engine request.
-                        self.tokens = None;
+                        // A finish, not a cancel: the session keeps its KV for its next turn.
+                        if let Some(tokens) = self.tokens.take() {
+                            tokens.finish();
+                        }
                         self.end("completed");
                         self.queue.push_back(Piece::Done {
                             reason: FinishReason::Stop,

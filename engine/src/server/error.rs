@@ -184,6 +184,13 @@ impl IntoResponse for ApiError {
                 response.headers_mut().insert(header::RETRY_AFTER, v);
             }
         }
+        if matches!(self, ApiError::TooLarge(_)) {
+            // The rest of the body may still be on its way: this connection cannot carry
+            // another request, and the client should know before it tries.
+            response
+                .headers_mut()
+                .insert(header::CONNECTION, HeaderValue::from_static("close"));
+        }
         if matches!(self, ApiError::AdminUnauthorized) {
             response
                 .headers_mut()

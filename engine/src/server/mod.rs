@@ -8,6 +8,7 @@
 //! drain completes.
 
 pub mod admin;
+mod body;
 pub mod cli;
 mod closing_listener;
 pub mod completions;

@@ -19,8 +19,6 @@ use sha2::{Digest, Sha256};
 use tidegate_api::engine_admin::{AdmissionState, EnginePolicy};
 use tidegate_api::{Tier, TierPolicySpec};
 
-use crate::backend::TierParams;
-
 /// Tenant of requests that carry no identity.
 pub const ANONYMOUS: &str = "anonymous";
 
@@ -188,17 +186,6 @@ impl CompiledPolicy {
     /// Whether new tenants of this tier are currently refused (the admission_paused gauge).
     pub fn tier_paused(&self, tier: &Tier) -> bool {
         tier.admission.pausable && self.paused_tiers.contains(&tier.name)
-    }
-}
-
-/// What the engine needs of a tier.
-pub fn tier_params(tier: &Tier) -> TierParams {
-    TierParams {
-        name: tier.name.clone(),
-        priority: tier.priority,
-        queue_wait_target: tier.queue_wait_target.as_std(),
-        idle_ttl: tier.kv_retention.idle_ttl.as_std(),
-        on_pressure: tier.kv_retention.on_pressure,
     }
 }
 
