@@ -81,6 +81,7 @@ pub struct Metrics {
     pub kv_blocks_total: Gauge,
     pub evictions: Family<EvictionLabels, Counter>,
     pub restores: Family<RestoreLabel, Counter>,
+    pub kv_restore_failures: Family<RestoreLabel, Counter>,
     pub rejections: Family<ReasonLabel, Counter>,
     pub admission_paused: Family<TierLabel, Gauge>,
     pub requests: Family<OutcomeLabels, Counter>,
@@ -102,6 +103,7 @@ impl Metrics {
             kv_blocks_total: Gauge::default(),
             evictions: Family::default(),
             restores: Family::default(),
+            kv_restore_failures: Family::default(),
             rejections: Family::default(),
             admission_paused: Family::default(),
             requests: Family::default(),
@@ -163,6 +165,11 @@ impl Metrics {
             "tidegate_engine_restores",
             "Returning sessions whose KV was restored, by source (host|disk|recompute)",
             m.restores.clone(),
+        );
+        registry.register(
+            "tidegate_engine_kv_restore_failures",
+            "Restores of offloaded KV that failed and were recomputed, by source (host|disk)",
+            m.kv_restore_failures.clone(),
         );
         registry.register(
             "tidegate_engine_rejections",
@@ -235,6 +242,14 @@ impl Metrics {
         Self::raise_to(&counter, total);
     }
 
+    /// [`Metrics::raise_to`] for `kv_restore_failures_total{source}`.
+    pub fn kv_restore_failures_total(&self, source: &'static str, total: u64) {
+        let counter = self
+            .kv_restore_failures
+            .get_or_create_owned(&RestoreLabel { source });
+        Self::raise_to(&counter, total);
+    }
+
     /// Prometheus text exposition.
     pub fn encode(&self) -> Result<String, std::fmt::Error> {
         if let Some(rss) = resident_memory_bytes() {
@@ -274,6 +289,7 @@ mod tests {
             .inc();
         m.restores_total("host", 1);
         m.restores_total("host", 1);
+        m.kv_restore_failures_total("disk", 1);
         Metrics::raise_to(&m.decode_tokens, 0);
         m.reject("queue_full");
         m.admission_paused
@@ -295,6 +311,7 @@ mod tests {
             "tidegate_engine_kv_blocks_total 0",
             "tidegate_engine_evictions_total{tier=\"free\",action=\"drop\"} 1",
             "tidegate_engine_restores_total{source=\"host\"} 1",
+            "tidegate_engine_kv_restore_failures_total{source=\"disk\"} 1",
             "tidegate_engine_rejections_total{reason=\"queue_full\"} 1",
             "tidegate_engine_admission_paused{tier=\"free\"} 1",
             "tidegate_engine_requests_total{tier=\"gold\",outcome=\"completed\"} 1",

@@ -7,12 +7,29 @@
 //! - `host_used` / `disk_used` equal the sum of the sizes of the entries in each place, and
 //!   each entry is in exactly one place with exactly one LRU record;
 //! - a disk entry owns exactly one file, removed when the entry is taken, dropped, or the store
-//!   itself is dropped. Any disk failure turns into "entry gone" (the caller recomputes),
-//!   never into an error that stops the engine.
+//!   itself is dropped. A failed write means "not stored" (the caller drops the KV); a failed
+//!   read back is a [`SpillReadError`] naming the file and the cause (the entry is gone either
+//!   way and the caller recomputes), never an error that stops the engine;
+//! - bytes come back from [`OffloadStore::take`] only if they are exactly what was put: disk
+//!   files carry their length and a checksum ([`super::spill_file`]), so a truncated,
+//!   missing or corrupted file is a read error, not KV. Budgets count payload bytes; each
+//!   file's small header is outside them.
 
 use std::collections::{BTreeSet, HashMap};
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicU64, Ordering};
+
+use super::spill_file::{SpillFault, read_spill, write_spill};
+
+/// An offloaded entry whose spill file could not be read back intact.
+#[derive(Debug, thiserror::Error)]
+#[error("spill file {}: {fault}", path.display())]
+pub struct SpillReadError {
+    /// The file.
+    pub path: PathBuf,
+    /// What was wrong with it.
+    pub fault: SpillFault,
+}
 
 /// Identifies one stored entry.
 pub type EntryId = u64;
@@ -195,21 +212,26 @@ impl<K: Clone> OffloadStore<K> {
         }
     }
 
-    /// Removes an entry and returns its bytes and where they were; `None` if it is gone or
-    /// its file could not be read back intact.
-    pub fn take(&mut self, id: EntryId) -> Option<(Vec<u8>, Place)> {
-        let e = self.unlink(id)?;
+    /// Removes an entry and returns its bytes and where they were: `Ok(None)` if there is no
+    /// such entry, an error if its file could not be read back intact (the entry and its file
+    /// are gone then too).
+    pub fn take(&mut self, id: EntryId) -> Result<Option<(Vec<u8>, Place)>, SpillReadError> {
+        let Some(e) = self.unlink(id) else {
+            return Ok(None);
+        };
         if let Some(data) = e.host {
-            return Some((data, Place::Host));
+            return Ok(Some((data, Place::Host)));
         }
-        let path = e.file?;
-        let read = std::fs::read(&path);
+        let Some(path) = e.file else {
+            return Ok(None);
+        };
+        let read = read_spill(&path, e.bytes);
         let _ = std::fs::remove_file(&path);
         match read {
-            Ok(data) if data.len() == e.bytes => Some((data, Place::Disk)),
-            _ => {
+            Ok(data) => Ok(Some((data, Place::Disk))),
+            Err(fault) => {
                 self.stats.disk_errors += 1;
-                None
+                Err(SpillReadError { path, fault })
             }
         }
     }
@@ -282,10 +304,11 @@ impl<K: Clone> OffloadStore<K> {
             std::process::id(),
             self.instance
         ));
-        let written = std::fs::create_dir_all(&dir).and_then(|()| std::fs::write(&path, data));
+        let written = std::fs::create_dir_all(&dir).and_then(|()| write_spill(&path, data));
         match written {
             Ok(()) => Some(path),
-            Err(_) => {
+            Err(e) => {
+                tracing::warn!(file = %path.display(), error = %e, "KV spill write failed; not offloaded");
                 let _ = std::fs::remove_file(&path);
                 self.stats.disk_errors += 1;
                 None
@@ -382,13 +405,14 @@ mod tests {
         let dropped = s.put("f", vec![6; 10], 6).dropped;
         assert_eq!(dropped, vec!["b"]);
         assert!(s.host_used() <= 20 && s.disk_used() <= 20);
-        assert!(files_bytes(dir.path()) <= 20);
+        // Two files of 10 payload bytes, each behind its header.
+        assert!(files_bytes(dir.path()) <= 20 + 2 * super::super::spill_file::HEADER_BYTES);
         s.check().unwrap();
-        let (data, place) = s.take(s.next_id - 1).unwrap();
+        let (data, place) = s.take(s.next_id - 1).unwrap().unwrap();
         assert_eq!((data, place), (vec![6; 10], Place::Host));
-        let (data, place) = s.take(3).unwrap();
+        let (data, place) = s.take(3).unwrap().unwrap();
         assert_eq!((data, place), (vec![4; 10], Place::Disk));
-        assert_eq!(s.take(0), None);
+        assert!(matches!(s.take(0), Ok(None)));
         s.check().unwrap();
         drop(s);
         assert_eq!(files_bytes(dir.path()), 0);
@@ -406,17 +430,48 @@ mod tests {
         s.check().unwrap();
     }
 
-    #[test]
-    fn unreadable_file_means_gone() {
+    /// Puts one 16-byte entry on disk, applies `damage` to its file, and takes it back.
+    fn take_damaged(damage: impl Fn(&std::path::Path)) -> (SpillReadError, StoreStats) {
         let dir = tempfile::tempdir().unwrap();
         let mut s = store(0, 100, Some(dir.path().to_path_buf()));
         let (id, place) = s.put("a", vec![9; 16], 0).stored.unwrap();
         assert_eq!(place, Place::Disk);
         for f in std::fs::read_dir(dir.path()).unwrap() {
-            std::fs::write(f.unwrap().path(), b"short").unwrap();
+            damage(&f.unwrap().path());
         }
-        assert_eq!(s.take(id), None);
-        assert_eq!(s.stats().disk_errors, 1);
+        let err = s.take(id).unwrap_err();
         assert_eq!(s.disk_used(), 0);
+        assert!(s.peek(id).is_none());
+        s.check().unwrap();
+        assert_eq!(files_bytes(dir.path()), 0, "the bad file is removed");
+        (err, s.stats())
+    }
+
+    #[test]
+    fn unreadable_file_is_an_error_naming_it() {
+        let (err, stats) = take_damaged(|p| std::fs::write(p, b"short").unwrap());
+        assert!(
+            matches!(err.fault, SpillFault::Length { got: 5, .. }),
+            "{err}"
+        );
+        assert!(err.to_string().contains("kv-"), "{err}");
+        assert_eq!(stats.disk_errors, 1);
+    }
+
+    #[test]
+    fn missing_file_is_an_error() {
+        let (err, _) = take_damaged(|p| std::fs::remove_file(p).unwrap());
+        assert!(matches!(err.fault, SpillFault::Missing), "{err}");
+    }
+
+    #[test]
+    fn same_length_corruption_is_caught_by_the_checksum() {
+        let (err, _) = take_damaged(|p| {
+            let mut bytes = std::fs::read(p).unwrap();
+            let last = bytes.len() - 1;
+            bytes[last] ^= 0x80;
+            std::fs::write(p, bytes).unwrap();
+        });
+        assert!(matches!(err.fault, SpillFault::Checksum { .. }), "{err}");
     }
 }
