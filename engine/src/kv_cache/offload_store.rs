@@ -4,7 +4,8 @@
 //! - `host_used ≤ host_budget` and `disk_used ≤ disk_budget` at every instant: room is made
 //!   (LRU host entries spill to disk, LRU disk entries are dropped) before bytes are placed,
 //!   and an entry larger than a budget never goes to that place;
-//! - `host_used` / `disk_used` equal the sum of the sizes of the entries in each place, and
+//! - `host_used` / `disk_used` equal the sum of the sizes of the entries in each place (on
+//!   disk: the file's size, header included, so the disk budget bounds real usage), and
 //!   each entry is in exactly one place with exactly one LRU record;
 //! - a disk entry owns exactly one file, removed when the entry is taken, dropped, or the store
 //!   itself is dropped. A failed write means "not stored" (the caller drops the KV); a failed
@@ -12,14 +13,13 @@
 //!   way and the caller recomputes), never an error that stops the engine;
 //! - bytes come back from [`OffloadStore::take`] only if they are exactly what was put: disk
 //!   files carry their length and a checksum ([`super::spill_file`]), so a truncated,
-//!   missing or corrupted file is a read error, not KV. Budgets count payload bytes; each
-//!   file's small header is outside them.
+//!   missing or corrupted file is a read error, not KV.
 
 use std::collections::{BTreeSet, HashMap};
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicU64, Ordering};
 
-use super::spill_file::{SpillFault, read_spill, write_spill};
+use super::spill_file::{HEADER_BYTES, SpillFault, read_spill, write_spill};
 
 /// An offloaded entry whose spill file could not be read back intact.
 #[derive(Debug, thiserror::Error)]
@@ -43,8 +43,8 @@ pub enum Place {
     Disk,
 }
 
-/// Budgets and the spill directory. Budgets count KV bytes (whole blocks); the small
-/// per-session metadata (token ids) lives outside them.
+/// Budgets and the spill directory. Budgets count KV bytes (whole blocks; on disk also each
+/// file's header); the small per-session metadata (token ids) lives outside them.
 #[derive(Clone, Debug, Default, PartialEq)]
 pub struct StoreConfig {
     /// Host RAM for offloaded KV.
@@ -193,7 +193,7 @@ impl<K: Clone> OffloadStore<K> {
         }
         match self.write_disk(id, &data, &mut dropped) {
             Some(path) => {
-                self.disk_used += bytes;
+                self.disk_used += on_disk(bytes);
                 self.disk_lru.insert((now, id));
                 entry.file = Some(path);
                 self.entries.insert(id, entry);
@@ -256,7 +256,7 @@ impl<K: Clone> OffloadStore<K> {
             self.host_used -= e.bytes;
         } else {
             self.disk_lru.remove(&(e.last_use, id));
-            self.disk_used -= e.bytes;
+            self.disk_used -= on_disk(e.bytes);
         }
         Some(e)
     }
@@ -270,7 +270,7 @@ impl<K: Clone> OffloadStore<K> {
         match self.write_disk(id, &data, dropped) {
             Some(path) => {
                 self.stats.spills_to_disk += 1;
-                self.disk_used += e.bytes;
+                self.disk_used += on_disk(e.bytes);
                 self.disk_lru.insert((e.last_use, id));
                 e.file = Some(path);
                 self.entries.insert(id, e);
@@ -286,10 +286,11 @@ impl<K: Clone> OffloadStore<K> {
     /// disabled, too small, or the write failed.
     fn write_disk(&mut self, id: EntryId, data: &[u8], dropped: &mut Vec<K>) -> Option<PathBuf> {
         let dir = self.cfg.disk_dir.clone()?;
-        if data.len() > self.cfg.disk_budget_bytes {
+        let cost = on_disk(data.len());
+        if cost > self.cfg.disk_budget_bytes {
             return None;
         }
-        while self.disk_used + data.len() > self.cfg.disk_budget_bytes {
+        while self.disk_used + cost > self.cfg.disk_budget_bytes {
             let &(_, victim) = self.disk_lru.iter().next()?;
             if let Some(e) = self.unlink(victim) {
                 if let Some(path) = e.file {
@@ -334,7 +335,7 @@ impl<K: Clone> OffloadStore<K> {
             .entries
             .values()
             .filter(|e| e.file.is_some())
-            .map(|e| e.bytes)
+            .map(|e| on_disk(e.bytes))
             .sum();
         if host != self.host_used || disk != self.disk_used {
             return Err(format!(
@@ -347,6 +348,12 @@ impl<K: Clone> OffloadStore<K> {
         }
         Ok(())
     }
+}
+
+/// Disk bytes an entry of `bytes` takes: its file, header included, so the disk budget bounds
+/// what is really on disk.
+fn on_disk(bytes: usize) -> usize {
+    bytes + HEADER_BYTES
 }
 
 fn place_of<K>(e: &Entry<K>) -> Place {
@@ -392,7 +399,8 @@ mod tests {
     #[test]
     fn host_spills_lru_to_disk_then_drops_lru_disk() {
         let dir = tempfile::tempdir().unwrap();
-        let mut s = store(20, 20, Some(dir.path().to_path_buf()));
+        let disk = 2 * on_disk(10);
+        let mut s = store(20, disk, Some(dir.path().to_path_buf()));
         let a = s.put("a", vec![1; 10], 1).stored.unwrap();
         let b = s.put("b", vec![2; 10], 2).stored.unwrap();
         assert_eq!((a.1, b.1), (Place::Host, Place::Host));
@@ -404,9 +412,8 @@ mod tests {
         // Each spill now drops the LRU disk entry: a for c's spill, b for d's.
         let dropped = s.put("f", vec![6; 10], 6).dropped;
         assert_eq!(dropped, vec!["b"]);
-        assert!(s.host_used() <= 20 && s.disk_used() <= 20);
-        // Two files of 10 payload bytes, each behind its header.
-        assert!(files_bytes(dir.path()) <= 20 + 2 * super::super::spill_file::HEADER_BYTES);
+        assert!(s.host_used() <= 20 && s.disk_used() <= disk);
+        assert!(files_bytes(dir.path()) <= disk);
         s.check().unwrap();
         let (data, place) = s.take(s.next_id - 1).unwrap().unwrap();
         assert_eq!((data, place), (vec![6; 10], Place::Host));
@@ -433,7 +440,7 @@ mod tests {
     /// Puts one 16-byte entry on disk, applies `damage` to its file, and takes it back.
     fn take_damaged(damage: impl Fn(&std::path::Path)) -> (SpillReadError, StoreStats) {
         let dir = tempfile::tempdir().unwrap();
-        let mut s = store(0, 100, Some(dir.path().to_path_buf()));
+        let mut s = store(0, on_disk(16), Some(dir.path().to_path_buf()));
         let (id, place) = s.put("a", vec![9; 16], 0).stored.unwrap();
         assert_eq!(place, Place::Disk);
         for f in std::fs::read_dir(dir.path()).unwrap() {
