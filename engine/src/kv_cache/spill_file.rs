@@ -60,7 +60,7 @@ pub enum SpillFault {
 /// file), not against someone who can write the spill directory.
 pub fn checksum(data: &[u8]) -> u64 {
     const K: u64 = 0x9E37_79B9_7F4A_7C15;
-    let mut h = (data.len() as u64) ^ 0x5EED_0F_C0FF_EE00;
+    let mut h = (data.len() as u64) ^ 0x005E_ED0F_C0FF_EE00;
     let mut words = data.chunks_exact(8);
     for w in &mut words {
         let mut a = [0u8; 8];
