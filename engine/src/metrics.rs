@@ -213,6 +213,14 @@ impl Metrics {
         Self::raise_to(&counter, total);
     }
 
+    /// [`Metrics::raise_to`] for `kv_restore_failures_total{source}`.
+    pub fn kv_restore_failures_total(&self, source: &'static str, total: u64) {
+        let counter = self
+            .kv_restore_failures
+            .get_or_create_owned(&RestoreLabel { source });
+        Self::raise_to(&counter, total);
+    }
+
     /// Prometheus text exposition.
     pub fn encode(&self) -> Result<String, std::fmt::Error> {
         if let Some(rss) = resident_memory_bytes() {
@@ -348,6 +356,7 @@ mod tests {
             .inc();
         m.restores_total("host", 1);
         m.restores_total("host", 1);
+        m.kv_restore_failures_total("disk", 1);
         Metrics::raise_to(&m.decode_tokens, 0);
         m.reject("queue_full");
         m.admission_paused
@@ -369,6 +378,7 @@ mod tests {
             "tidegate_engine_kv_blocks_total 0",
             "tidegate_engine_evictions_total{tier=\"free\",action=\"drop\"} 1",
             "tidegate_engine_restores_total{source=\"host\"} 1",
+            "tidegate_engine_kv_restore_failures_total{source=\"disk\"} 1",
             "tidegate_engine_rejections_total{reason=\"queue_full\"} 1",
             "tidegate_engine_admission_paused{tier=\"free\"} 1",
             "tidegate_engine_requests_total{tier=\"gold\",outcome=\"completed\"} 1",

@@ -282,7 +282,7 @@ fn offloaded_blocks_restore_exactly() {
         .iter()
         .map(|&b| {
             let mut img = Vec::new();
-            runner.read_block(b, &mut img);
+            runner.read_block(b, &mut img).unwrap();
             img
         })
         .collect();
@@ -297,7 +297,7 @@ fn offloaded_blocks_restore_exactly() {
         .unwrap();
     let moved: Vec<u32> = vec![2, 5, 7, 4];
     for (&b, img) in moved.iter().zip(&images) {
-        runner.write_block(b, img);
+        runner.write_block(b, img).unwrap();
     }
     let mut logits = vec![first];
     for step in 0..2 {
@@ -353,7 +353,7 @@ fn shared_prefix_blocks_are_reused_and_copy_on_write_works() {
         .unwrap();
     common::assert_close(out[0].as_ref().unwrap(), &b_alone[0], TOL, "shared prefix");
     // A copy of a shared block behaves like the original.
-    runner.copy_block(4, 10);
+    runner.copy_block(4, 10).unwrap();
     let tb2: Vec<u32> = vec![3, 10, 11];
     let out = runner
         .step(&[SeqChunk {

@@ -22,4 +22,7 @@ pub(super) fn publish(m: &Metrics, sched: &Scheduler) {
     for (source, n) in &s.restores {
         m.restores_total(source.as_str(), *n);
     }
+    for (source, n) in &s.restore_failures {
+        m.kv_restore_failures_total(source.as_str(), *n);
+    }
 }

@@ -8,12 +8,16 @@
 //!   found, `begin_seq` returns `None`, holds no block for the sequence and leaves the
 //!   session's KV where it was (at most truncated to the part the new prompt shares);
 //! - a reused partial block that other holders share is copied before it can be written
-//!   (copy-on-write through `BlockIo::copy_block`); a sole holder's block just loses its hash.
+//!   (copy-on-write through `BlockIo::copy_block`); a sole holder's block just loses its hash;
+//! - restored bytes count as computed only if every one of them arrived intact: a spill file
+//!   that is missing, short or fails its checksum, or a block write that fails, makes the
+//!   return a recompute (counted under `Recompute` and as a restore failure of the place the
+//!   bytes were, and logged); a failed copy-on-write recomputes that one block.
 
 use super::block_pool::BlockId;
 use super::io_ops;
 use super::manager::{IdleKv, IdleSession, KvCacheManager, SeqId, SeqKv, SessionKey};
-use super::offload_store::Place;
+use super::offload_store::{EntryId, Place};
 use super::prefix_hash::{ROOT_HASH, block_hash};
 use super::stats::KvSource;
 use super::tier::TierId;
@@ -41,6 +45,22 @@ pub struct Begin {
     pub computed: usize,
     /// Where that KV came from.
     pub source: KvSource,
+}
+
+/// A stored session's restore, planned (see [`KvCacheManager::plan_restore`]).
+struct Plan {
+    /// Leading full blocks found in the shared-prefix cache.
+    hits: usize,
+    /// The stored entry's blocks up to this index are worth having.
+    restore_to: usize,
+    /// Whether reading them back beats recomputing them.
+    worth: bool,
+    /// Tokens computed if the restore succeeds (only the hits' tokens otherwise).
+    computed: usize,
+    /// Tokens the first step needs room for.
+    total: usize,
+    /// Nothing to restore, and the hits already cover the session's KV.
+    as_resident: bool,
 }
 
 /// Length of the common prefix of two token lists.
@@ -211,11 +231,13 @@ impl KvCacheManager {
             let last = blocks[keep - 1];
             if cow {
                 let copy = self.pool.allocate()?;
-                if io_ops::copy(io, last, copy) {
-                    self.stats.cow_copies += 1;
-                } else {
-                    // The copy holds nothing valid: recompute that block's tokens.
-                    reuse = (keep - 1) * b;
+                match io_ops::copy(io, last, copy) {
+                    Ok(()) => self.stats.cow_copies += 1,
+                    Err(e) => {
+                        // The copy holds nothing valid: recompute that block's tokens.
+                        tracing::warn!(error = %e, "KV copy-on-write failed; recomputing the block");
+                        reuse = (keep - 1) * b;
+                    }
                 }
                 self.pool.release(last);
                 blocks[keep - 1] = copy;
@@ -230,32 +252,11 @@ impl KvCacheManager {
         })
     }
 
-    /// Returning session (or resuming preempted sequence) whose KV is in host RAM or on disk:
-    /// shared-prefix hits first, then the rest restored from the store when reading beats
-    /// recomputing.
-    fn begin_stored(
-        &mut self,
-        start: SeqStart<'_>,
-        key: SessionKey,
-        idle: IdleSession,
-        now: u64,
-        io: &mut dyn BlockIo,
-    ) -> Option<Begin> {
-        let SeqStart {
-            seq,
-            tier,
-            tokens,
-            chunk,
-            ..
-        } = start;
-        let IdleKv::Stored(id) = idle.kv else {
-            return None;
-        };
+    /// What a stored session's return will reuse, decided before any byte moves.
+    fn plan_restore(&self, id: EntryId, stored: &[u32], start: SeqStart<'_>, hits: usize) -> Plan {
         let bsz = self.block_size;
-        let cap = tokens.len() - 1;
-        let (hit_blocks, hit_hashes) = self.acquire_prefix_hits(tokens, cap);
-        let hits = hit_blocks.len();
-        let stored_reuse = common_prefix(&idle.tokens, tokens).min(cap);
+        let cap = start.tokens.len() - 1;
+        let stored_reuse = common_prefix(stored, start.tokens).min(cap);
         let (stored_bytes, place) = self.store.peek(id).unwrap_or((0, Place::Host));
         let stored_blocks = stored_bytes / self.block_bytes.max(1);
         let restore_to = self.blocks_for(stored_reuse).min(stored_blocks);
@@ -272,8 +273,36 @@ impl KvCacheManager {
         } else {
             hits * bsz
         };
-        let total = (computed + chunk).min(tokens.len());
-        let need = self.blocks_for(total).saturating_sub(hits);
+        // Nothing to read and the hits cover what the session had: as good as resident.
+        let as_resident = restore_n == 0 && hits * bsz >= stored_reuse && stored_reuse > 0;
+        Plan {
+            hits,
+            restore_to,
+            worth,
+            computed,
+            total: (computed + start.chunk).min(start.tokens.len()),
+            as_resident,
+        }
+    }
+
+    /// Returning session (or resuming preempted sequence) whose KV is in host RAM or on disk:
+    /// shared-prefix hits first, then the rest restored from the store when reading beats
+    /// recomputing. A restore that fails (bad spill file, failed block write) recomputes.
+    fn begin_stored(
+        &mut self,
+        start: SeqStart<'_>,
+        key: SessionKey,
+        idle: IdleSession,
+        now: u64,
+        io: &mut dyn BlockIo,
+    ) -> Option<Begin> {
+        let IdleKv::Stored(id) = idle.kv else {
+            return None;
+        };
+        let bsz = self.block_size;
+        let (hit_blocks, hashes) = self.acquire_prefix_hits(start.tokens, start.tokens.len() - 1);
+        let plan = self.plan_restore(id, &idle.tokens, start, hit_blocks.len());
+        let need = self.blocks_for(plan.total).saturating_sub(plan.hits);
         if !self.ensure_free(need, now, io, Some(&key)) {
             self.release_all(&hit_blocks);
             // Evictions made while trying may have pushed this entry out of the store.
@@ -284,46 +313,62 @@ impl KvCacheManager {
             }
             return None;
         }
-        self.stats.prefix_hit_tokens += (hits * bsz) as u64;
-        let data = self.store.take(id);
-        let source = match (&data, worth) {
-            (Some((_, Place::Host)), true) => KvSource::Host,
-            (Some((_, Place::Disk)), true) => KvSource::Disk,
-            _ if restore_n == 0 && hits * bsz >= stored_reuse && stored_reuse > 0 => {
-                KvSource::Resident
-            }
-            _ => KvSource::Recompute,
-        };
-        let computed = match source {
-            KvSource::Host | KvSource::Disk => computed,
-            _ => hits * bsz,
-        };
+        self.stats.prefix_hit_tokens += (plan.hits * bsz) as u64;
         let mut blocks = hit_blocks;
-        let hashes = hit_hashes;
-        let mut restored = true;
-        if let (Some((bytes, _)), KvSource::Host | KvSource::Disk) = (&data, source) {
-            let bb = self.block_bytes;
-            for i in hits..restore_to {
-                let b = self.pool.allocate()?;
-                let image = bytes.get(i * bb..(i + 1) * bb).unwrap_or(&[]);
-                restored &= io_ops::write(io, b, image, bb);
-                blocks.push(b);
-            }
-        }
-        // A failed write leaves garbage in the restored blocks: recompute them instead.
-        let (computed, source) = if restored {
-            (computed, source)
+        let restored = if plan.worth {
+            self.restore_entry(&key, id, &plan, &mut blocks, io)
         } else {
-            (hits * bsz, KvSource::Recompute)
+            self.store.remove(id);
+            None
+        };
+        let (computed, source) = match restored {
+            Some(Place::Host) => (plan.computed, KvSource::Host),
+            Some(Place::Disk) => (plan.computed, KvSource::Disk),
+            None if plan.as_resident => (plan.hits * bsz, KvSource::Resident),
+            None => (plan.hits * bsz, KvSource::Recompute),
         };
         let more = self
-            .blocks_for(total.max(computed))
+            .blocks_for(plan.total.max(computed))
             .saturating_sub(blocks.len());
-        self.install(seq, tier, blocks, hashes, more)?;
-        if matches!(source, KvSource::Host | KvSource::Disk) {
-            self.cache_full_blocks(seq, &tokens[..computed]);
+        self.install(start.seq, start.tier, blocks, hashes, more)?;
+        if restored.is_some() {
+            self.cache_full_blocks(start.seq, &start.tokens[..computed]);
         }
         Some(Begin { computed, source })
+    }
+
+    /// Takes entry `id` out of the store and writes its blocks `plan.hits..plan.restore_to`
+    /// into fresh blocks appended to `blocks`. Returns where the bytes were, or `None` when the
+    /// entry is gone or could not be restored intact; a failure is counted and logged, and the
+    /// caller recomputes (blocks already appended then hold garbage and are simply prefilled).
+    fn restore_entry(
+        &mut self,
+        key: &SessionKey,
+        id: EntryId,
+        plan: &Plan,
+        blocks: &mut Vec<BlockId>,
+        io: &mut dyn BlockIo,
+    ) -> Option<Place> {
+        let (bytes, place) = match self.store.take(id) {
+            Ok(found) => found?,
+            Err(e) => {
+                self.stats.restore_failed(Place::Disk);
+                tracing::warn!(session = ?key, error = %e, "KV restore from disk failed; recomputing");
+                return None;
+            }
+        };
+        let bb = self.block_bytes;
+        for i in plan.hits..plan.restore_to {
+            let b = self.pool.allocate()?;
+            blocks.push(b);
+            let image = bytes.get(i * bb..(i + 1) * bb).unwrap_or(&[]);
+            if let Err(e) = io_ops::write(io, b, image, bb) {
+                self.stats.restore_failed(place);
+                tracing::warn!(session = ?key, from = ?place, error = %e, "KV restore failed; recomputing");
+                return None;
+            }
+        }
+        Some(place)
     }
 
     /// Registers `seq` with `blocks` (already held) plus `more` freshly allocated blocks.

@@ -176,7 +176,9 @@ impl KvCacheManager {
         let mut data = Vec::with_capacity(blocks.len() * self.block_bytes);
         let mut buf = Vec::with_capacity(self.block_bytes);
         for &b in blocks {
-            if !io_ops::read(io, b, &mut buf, self.block_bytes) {
+            if let Err(e) = io_ops::read(io, b, &mut buf, self.block_bytes) {
+                // An image we could not read is not the session's KV: drop rather than store it.
+                tracing::warn!(error = %e, "KV offload failed; dropping the session's KV instead");
                 return None;
             }
             data.extend_from_slice(&buf);

@@ -3,13 +3,16 @@
 //!
 //! Layers, each talking only to the one below:
 //! - [`block_pool::BlockPool`]: blocks, reference counts, LRU free list, hash index;
-//! - [`offload_store::OffloadStore`]: offloaded bytes under host and disk budgets;
+//! - [`offload_store::OffloadStore`]: offloaded bytes under host and disk budgets, disk
+//!   entries in checksummed [`spill_file`]s;
 //! - [`KvCacheManager`]: block tables, sessions, eviction and restore decisions (using the
 //!   [`cost::CostModel`]); bytes move through [`crate::block_io::BlockIo`].
 //!
 //! Invariants of the whole: the device budget (`num_blocks × block_bytes`), the host budget
 //! and the disk budget are never exceeded; no block is leaked or freed twice
-//! ([`KvCacheManager::check`] verifies both; the property tests drive it).
+//! ([`KvCacheManager::check`] verifies both; the property tests drive it); KV bytes that
+//! could not be moved intact (a failed block read or write, a bad spill file) are never used:
+//! offloading them drops the session, restoring them recomputes it.
 
 pub mod begin;
 pub mod block_pool;
@@ -20,6 +23,7 @@ pub mod manager;
 pub mod mem_io;
 pub mod offload_store;
 pub mod prefix_hash;
+pub mod spill_file;
 pub mod stats;
 pub mod tier;
 pub mod tier_policy;
@@ -30,7 +34,7 @@ pub use cost::CostModel;
 pub use eviction::Preempted;
 pub use manager::{KvCacheManager, KvConfig, SeqId};
 pub use mem_io::MemBlockIo;
-pub use offload_store::{Place, StoreConfig, StoreStats};
+pub use offload_store::{Place, SpillReadError, StoreConfig, StoreStats};
 pub use stats::{EvictAction, KvSource, KvStats};
 pub use tier::{PressureAction, TierConfig, TierId, Tiers};
 

@@ -4,15 +4,32 @@
 //! - `host_used ≤ host_budget` and `disk_used ≤ disk_budget` at every instant: room is made
 //!   (LRU host entries spill to disk, LRU disk entries are dropped) before bytes are placed,
 //!   and an entry larger than a budget never goes to that place;
-//! - `host_used` / `disk_used` equal the sum of the sizes of the entries in each place, and
+//! - `host_used` / `disk_used` equal the sum of the sizes of the entries in each place (on
+//!   disk: the file's size, header included, so the disk budget bounds real usage), and
 //!   each entry is in exactly one place with exactly one LRU record;
 //! - a disk entry owns exactly one file, removed when the entry is taken, dropped, or the store
-//!   itself is dropped. Any disk failure turns into "entry gone" (the caller recomputes),
-//!   never into an error that stops the engine.
+//!   itself is dropped. A failed write means "not stored" (the caller drops the KV); a failed
+//!   read back is a [`SpillReadError`] naming the file and the cause (the entry is gone either
+//!   way and the caller recomputes), never an error that stops the engine;
+//! - bytes come back from [`OffloadStore::take`] only if they are exactly what was put: disk
+//!   files carry their length and a checksum ([`super::spill_file`]), so a truncated,
+//!   missing or corrupted file is a read error, not KV.
 
 use std::collections::{BTreeSet, HashMap};
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicU64, Ordering};
+
+use super::spill_file::{HEADER_BYTES, SpillFault, read_spill, write_spill};
+
+/// An offloaded entry whose spill file could not be read back intact.
+#[derive(Debug, thiserror::Error)]
+#[error("spill file {}: {fault}", path.display())]
+pub struct SpillReadError {
+    /// The file.
+    pub path: PathBuf,
+    /// What was wrong with it.
+    pub fault: SpillFault,
+}
 
 /// Identifies one stored entry.
 pub type EntryId = u64;
@@ -26,8 +43,8 @@ pub enum Place {
     Disk,
 }
 
-/// Budgets and the spill directory. Budgets count KV bytes (whole blocks); the small
-/// per-session metadata (token ids) lives outside them.
+/// Budgets and the spill directory. Budgets count KV bytes (whole blocks; on disk also each
+/// file's header); the small per-session metadata (token ids) lives outside them.
 #[derive(Clone, Debug, Default, PartialEq)]
 pub struct StoreConfig {
     /// Host RAM for offloaded KV.
@@ -176,7 +193,7 @@ impl<K: Clone> OffloadStore<K> {
         }
         match self.write_disk(id, &data, &mut dropped) {
             Some(path) => {
-                self.disk_used += bytes;
+                self.disk_used += on_disk(bytes);
                 self.disk_lru.insert((now, id));
                 entry.file = Some(path);
                 self.entries.insert(id, entry);
@@ -195,21 +212,26 @@ impl<K: Clone> OffloadStore<K> {
         }
     }
 
-    /// Removes an entry and returns its bytes and where they were; `None` if it is gone or
-    /// its file could not be read back intact.
-    pub fn take(&mut self, id: EntryId) -> Option<(Vec<u8>, Place)> {
-        let e = self.unlink(id)?;
+    /// Removes an entry and returns its bytes and where they were: `Ok(None)` if there is no
+    /// such entry, an error if its file could not be read back intact (the entry and its file
+    /// are gone then too).
+    pub fn take(&mut self, id: EntryId) -> Result<Option<(Vec<u8>, Place)>, SpillReadError> {
+        let Some(e) = self.unlink(id) else {
+            return Ok(None);
+        };
         if let Some(data) = e.host {
-            return Some((data, Place::Host));
+            return Ok(Some((data, Place::Host)));
         }
-        let path = e.file?;
-        let read = std::fs::read(&path);
+        let Some(path) = e.file else {
+            return Ok(None);
+        };
+        let read = read_spill(&path, e.bytes);
         let _ = std::fs::remove_file(&path);
         match read {
-            Ok(data) if data.len() == e.bytes => Some((data, Place::Disk)),
-            _ => {
+            Ok(data) => Ok(Some((data, Place::Disk))),
+            Err(fault) => {
                 self.stats.disk_errors += 1;
-                None
+                Err(SpillReadError { path, fault })
             }
         }
     }
@@ -234,7 +256,7 @@ impl<K: Clone> OffloadStore<K> {
             self.host_used -= e.bytes;
         } else {
             self.disk_lru.remove(&(e.last_use, id));
-            self.disk_used -= e.bytes;
+            self.disk_used -= on_disk(e.bytes);
         }
         Some(e)
     }
@@ -248,7 +270,7 @@ impl<K: Clone> OffloadStore<K> {
         match self.write_disk(id, &data, dropped) {
             Some(path) => {
                 self.stats.spills_to_disk += 1;
-                self.disk_used += e.bytes;
+                self.disk_used += on_disk(e.bytes);
                 self.disk_lru.insert((e.last_use, id));
                 e.file = Some(path);
                 self.entries.insert(id, e);
@@ -264,10 +286,11 @@ impl<K: Clone> OffloadStore<K> {
     /// disabled, too small, or the write failed.
     fn write_disk(&mut self, id: EntryId, data: &[u8], dropped: &mut Vec<K>) -> Option<PathBuf> {
         let dir = self.cfg.disk_dir.clone()?;
-        if data.len() > self.cfg.disk_budget_bytes {
+        let cost = on_disk(data.len());
+        if cost > self.cfg.disk_budget_bytes {
             return None;
         }
-        while self.disk_used + data.len() > self.cfg.disk_budget_bytes {
+        while self.disk_used + cost > self.cfg.disk_budget_bytes {
             let &(_, victim) = self.disk_lru.iter().next()?;
             if let Some(e) = self.unlink(victim) {
                 if let Some(path) = e.file {
@@ -282,10 +305,11 @@ impl<K: Clone> OffloadStore<K> {
             std::process::id(),
             self.instance
         ));
-        let written = std::fs::create_dir_all(&dir).and_then(|()| std::fs::write(&path, data));
+        let written = std::fs::create_dir_all(&dir).and_then(|()| write_spill(&path, data));
         match written {
             Ok(()) => Some(path),
-            Err(_) => {
+            Err(e) => {
+                tracing::warn!(file = %path.display(), error = %e, "KV spill write failed; not offloaded");
                 let _ = std::fs::remove_file(&path);
                 self.stats.disk_errors += 1;
                 None
@@ -311,7 +335,7 @@ impl<K: Clone> OffloadStore<K> {
             .entries
             .values()
             .filter(|e| e.file.is_some())
-            .map(|e| e.bytes)
+            .map(|e| on_disk(e.bytes))
             .sum();
         if host != self.host_used || disk != self.disk_used {
             return Err(format!(
@@ -324,6 +348,12 @@ impl<K: Clone> OffloadStore<K> {
         }
         Ok(())
     }
+}
+
+/// Disk bytes an entry of `bytes` takes: its file, header included, so the disk budget bounds
+/// what is really on disk.
+fn on_disk(bytes: usize) -> usize {
+    bytes + HEADER_BYTES
 }
 
 fn place_of<K>(e: &Entry<K>) -> Place {
@@ -369,7 +399,8 @@ mod tests {
     #[test]
     fn host_spills_lru_to_disk_then_drops_lru_disk() {
         let dir = tempfile::tempdir().unwrap();
-        let mut s = store(20, 20, Some(dir.path().to_path_buf()));
+        let disk = 2 * on_disk(10);
+        let mut s = store(20, disk, Some(dir.path().to_path_buf()));
         let a = s.put("a", vec![1; 10], 1).stored.unwrap();
         let b = s.put("b", vec![2; 10], 2).stored.unwrap();
         assert_eq!((a.1, b.1), (Place::Host, Place::Host));
@@ -381,14 +412,14 @@ mod tests {
         // Each spill now drops the LRU disk entry: a for c's spill, b for d's.
         let dropped = s.put("f", vec![6; 10], 6).dropped;
         assert_eq!(dropped, vec!["b"]);
-        assert!(s.host_used() <= 20 && s.disk_used() <= 20);
-        assert!(files_bytes(dir.path()) <= 20);
+        assert!(s.host_used() <= 20 && s.disk_used() <= disk);
+        assert!(files_bytes(dir.path()) <= disk);
         s.check().unwrap();
-        let (data, place) = s.take(s.next_id - 1).unwrap();
+        let (data, place) = s.take(s.next_id - 1).unwrap().unwrap();
         assert_eq!((data, place), (vec![6; 10], Place::Host));
-        let (data, place) = s.take(3).unwrap();
+        let (data, place) = s.take(3).unwrap().unwrap();
         assert_eq!((data, place), (vec![4; 10], Place::Disk));
-        assert_eq!(s.take(0), None);
+        assert!(matches!(s.take(0), Ok(None)));
         s.check().unwrap();
         drop(s);
         assert_eq!(files_bytes(dir.path()), 0);
@@ -406,17 +437,48 @@ mod tests {
         s.check().unwrap();
     }
 
-    #[test]
-    fn unreadable_file_means_gone() {
+    /// Puts one 16-byte entry on disk, applies `damage` to its file, and takes it back.
+    fn take_damaged(damage: impl Fn(&std::path::Path)) -> (SpillReadError, StoreStats) {
         let dir = tempfile::tempdir().unwrap();
-        let mut s = store(0, 100, Some(dir.path().to_path_buf()));
+        let mut s = store(0, on_disk(16), Some(dir.path().to_path_buf()));
         let (id, place) = s.put("a", vec![9; 16], 0).stored.unwrap();
         assert_eq!(place, Place::Disk);
         for f in std::fs::read_dir(dir.path()).unwrap() {
-            std::fs::write(f.unwrap().path(), b"short").unwrap();
+            damage(&f.unwrap().path());
         }
-        assert_eq!(s.take(id), None);
-        assert_eq!(s.stats().disk_errors, 1);
+        let err = s.take(id).unwrap_err();
         assert_eq!(s.disk_used(), 0);
+        assert!(s.peek(id).is_none());
+        s.check().unwrap();
+        assert_eq!(files_bytes(dir.path()), 0, "the bad file is removed");
+        (err, s.stats())
+    }
+
+    #[test]
+    fn unreadable_file_is_an_error_naming_it() {
+        let (err, stats) = take_damaged(|p| std::fs::write(p, b"short").unwrap());
+        assert!(
+            matches!(err.fault, SpillFault::Length { got: 5, .. }),
+            "{err}"
+        );
+        assert!(err.to_string().contains("kv-"), "{err}");
+        assert_eq!(stats.disk_errors, 1);
+    }
+
+    #[test]
+    fn missing_file_is_an_error() {
+        let (err, _) = take_damaged(|p| std::fs::remove_file(p).unwrap());
+        assert!(matches!(err.fault, SpillFault::Missing), "{err}");
+    }
+
+    #[test]
+    fn same_length_corruption_is_caught_by_the_checksum() {
+        let (err, _) = take_damaged(|p| {
+            let mut bytes = std::fs::read(p).unwrap();
+            let last = bytes.len() - 1;
+            bytes[last] ^= 0x80;
+            std::fs::write(p, bytes).unwrap();
+        });
+        assert!(matches!(err.fault, SpillFault::Checksum { .. }), "{err}");
     }
 }

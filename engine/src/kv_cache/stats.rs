@@ -1,10 +1,12 @@
 //! Counters the KV cache manager keeps for metrics: evictions by tier and action, restores by
-//! source, prefix and session reuse.
+//! source, failed restores by the place the bytes were, prefix and session reuse.
 //!
 //! Invariant: counters only grow; every eviction or restore the manager performs is counted
 //! exactly once, at the moment it happens.
 
 use std::collections::BTreeMap;
+
+use super::offload_store::Place;
 
 /// What an eviction did with the KV.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
@@ -62,8 +64,14 @@ pub struct KvStats {
     pub restores_host: u64,
     /// ... restored from disk.
     pub restores_disk: u64,
-    /// ... recomputed by prefill.
+    /// ... recomputed by prefill (including those whose restore failed).
     pub restores_recompute: u64,
+    /// Restores from host RAM that failed (the device write of a block failed); each was
+    /// recomputed instead, so it is also in `restores_recompute`.
+    pub restore_failures_host: u64,
+    /// Restores from disk that failed (the spill file was missing, short, corrupt or
+    /// unreadable, or the device write failed); also in `restores_recompute`.
+    pub restore_failures_disk: u64,
     /// Returning sessions whose blocks were still resident.
     pub resident_hits: u64,
     /// Prompt tokens whose KV came from the shared-prefix cache.
@@ -88,6 +96,21 @@ impl KvStats {
             KvSource::Disk => self.restores_disk += 1,
             KvSource::Recompute => self.restores_recompute += 1,
         }
+    }
+
+    pub(super) fn restore_failed(&mut self, from: Place) {
+        match from {
+            Place::Host => self.restore_failures_host += 1,
+            Place::Disk => self.restore_failures_disk += 1,
+        }
+    }
+
+    /// Failed restores by where the bytes were: `[(Host, n), (Disk, n)]`.
+    pub fn restore_failures(&self) -> [(KvSource, u64); 2] {
+        [
+            (KvSource::Host, self.restore_failures_host),
+            (KvSource::Disk, self.restore_failures_disk),
+        ]
     }
 
     /// Evictions of `tier` with `action`.

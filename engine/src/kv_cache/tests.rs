@@ -5,7 +5,7 @@
 use std::hash::{DefaultHasher, Hash, Hasher};
 
 use super::*;
-use crate::block_io::BlockIo;
+use crate::block_io::{BlockIo, BlockIoCause, BlockIoError, BlockOp};
 
 const B: usize = 4;
 const BYTES: usize = 32;
@@ -55,9 +55,9 @@ fn compute(
     let mut buf = Vec::new();
     for p in from..to {
         let b = table[p / B];
-        io.read_block(b, &mut buf);
+        io.read_block(b, &mut buf).unwrap();
         buf[(p % B) * 8..(p % B + 1) * 8].copy_from_slice(&slot(tokens, p));
-        io.write_block(b, &buf);
+        io.write_block(b, &buf).unwrap();
     }
 }
 
@@ -232,7 +232,8 @@ fn spill_to_disk_then_restore_keeps_bytes() {
     run_prompt(&mut kv, &mut io, 1, PRO, &hist, Some("s"), 0);
     kv.finish_seq(1, Some("s"), &hist, 0);
     run_prompt(&mut kv, &mut io, 2, FREE, &toks(0..20), None, 1);
-    assert_eq!(kv.disk_bytes_used(), 4 * BYTES);
+    // The file: four blocks behind its header.
+    assert_eq!(kv.disk_bytes_used(), 4 * BYTES + spill_file::HEADER_BYTES);
     kv.free_seq(2);
     let mut back = hist.clone();
     back.extend([1, 2]);
@@ -371,18 +372,23 @@ fn no_room_is_none_and_changes_nothing() {
     kv.check().unwrap();
 }
 
-/// A store whose reads come back short (a failing device copy).
+/// A store whose reads fail (a failing device copy).
 struct UnreadableIo;
 
 impl BlockIo for UnreadableIo {
     fn block_bytes(&self) -> usize {
         BYTES
     }
-    fn read_block(&self, _block: u32, out: &mut Vec<u8>) {
-        out.clear();
+    fn read_block(&self, block: u32, _out: &mut Vec<u8>) -> Result<(), BlockIoError> {
+        let cause = BlockIoCause::Device("injected".into());
+        Err(BlockIoError::new(BlockOp::Read, block, cause))
     }
-    fn write_block(&mut self, _block: u32, _data: &[u8]) {}
-    fn copy_block(&mut self, _src: u32, _dst: u32) {}
+    fn write_block(&mut self, _block: u32, _data: &[u8]) -> Result<(), BlockIoError> {
+        Ok(())
+    }
+    fn copy_block(&mut self, _src: u32, _dst: u32) -> Result<(), BlockIoError> {
+        Ok(())
+    }
 }
 
 #[test]
@@ -395,5 +401,128 @@ fn unreadable_blocks_are_dropped_not_offloaded() {
     assert!(kv.make_room(4, 1, &mut UnreadableIo));
     assert_eq!(kv.stats().evictions_of("pro", EvictAction::Drop), 1);
     assert_eq!(kv.host_bytes_used(), 0);
+    kv.check().unwrap();
+}
+
+/// Offloads session "s" (10 tokens, tier PRO) to a disk-only store and returns its spill file.
+fn spill_session(
+    kv: &mut KvCacheManager,
+    io: &mut MemBlockIo,
+    dir: &std::path::Path,
+    t: &[u32],
+) -> std::path::PathBuf {
+    run_prompt(kv, io, 1, PRO, t, Some("s"), 0);
+    kv.finish_seq(1, Some("s"), t, 0);
+    assert!(kv.make_room(4, 1, io));
+    assert_eq!(kv.stats().evictions_of("pro", EvictAction::Offload), 1);
+    assert_eq!(kv.host_bytes_used(), 0);
+    let files: Vec<_> = std::fs::read_dir(dir)
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .collect();
+    assert_eq!(files.len(), 1, "{files:?}");
+    // Someone else takes every block, so nothing of the session is left on the device.
+    run_prompt(kv, io, 9, FREE, &toks(100..116), None, 1);
+    kv.free_seq(9);
+    files[0].clone()
+}
+
+#[test]
+fn corrupt_spill_file_is_recomputed_not_restored() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut kv = manager(4, 0, Some(dir.path()));
+    let mut io = MemBlockIo::new(4, BYTES);
+    let t = toks(0..10);
+    let file = spill_session(&mut kv, &mut io, dir.path(), &t);
+    // Same length, different bytes: only a checksum can tell.
+    let mut bytes = std::fs::read(&file).unwrap();
+    let n = bytes.len();
+    bytes[n - 32] ^= 0x01; // position 8, the first of the last block
+    std::fs::write(&file, bytes).unwrap();
+    // run_prompt checks that every position reported computed holds the right KV.
+    let begin = run_prompt(&mut kv, &mut io, 2, PRO, &t, Some("s"), 2);
+    assert_eq!(begin.source, KvSource::Recompute);
+    assert_eq!(begin.computed, 0);
+    assert!(!file.exists());
+}
+
+#[test]
+fn truncated_or_missing_spill_file_is_a_counted_recompute() {
+    for truncate in [true, false] {
+        let dir = tempfile::tempdir().unwrap();
+        let mut kv = manager(4, 0, Some(dir.path()));
+        let mut io = MemBlockIo::new(4, BYTES);
+        let t = toks(0..10);
+        let file = spill_session(&mut kv, &mut io, dir.path(), &t);
+        if truncate {
+            let f = std::fs::OpenOptions::new().write(true).open(&file).unwrap();
+            f.set_len(30).unwrap();
+        } else {
+            std::fs::remove_file(&file).unwrap();
+        }
+        let begin = run_prompt(&mut kv, &mut io, 2, PRO, &t, Some("s"), 2);
+        assert_eq!(
+            begin,
+            Begin {
+                computed: 0,
+                source: KvSource::Recompute
+            }
+        );
+        let s = kv.stats();
+        assert_eq!((s.restores_recompute, s.restores_disk), (1, 0));
+        assert_eq!((s.restore_failures_disk, s.restore_failures_host), (1, 0));
+        assert_eq!(kv.store_stats().disk_errors, 1);
+        assert_eq!(kv.disk_bytes_used(), 0);
+        kv.check().unwrap();
+    }
+}
+
+/// A store whose writes fail (the device refuses a restored block).
+struct UnwritableIo(MemBlockIo);
+
+impl BlockIo for UnwritableIo {
+    fn block_bytes(&self) -> usize {
+        BYTES
+    }
+    fn read_block(&self, block: u32, out: &mut Vec<u8>) -> Result<(), BlockIoError> {
+        self.0.read_block(block, out)
+    }
+    fn write_block(&mut self, block: u32, _data: &[u8]) -> Result<(), BlockIoError> {
+        let cause = BlockIoCause::Device("injected".into());
+        Err(BlockIoError::new(BlockOp::Write, block, cause))
+    }
+    fn copy_block(&mut self, src: u32, dst: u32) -> Result<(), BlockIoError> {
+        self.0.copy_block(src, dst)
+    }
+}
+
+#[test]
+fn failed_block_write_on_restore_from_host_is_a_counted_recompute() {
+    let mut kv = manager(4, 1 << 20, None);
+    let mut io = MemBlockIo::new(4, BYTES);
+    let t = toks(0..10);
+    run_prompt(&mut kv, &mut io, 1, PRO, &t, Some("s"), 0);
+    kv.finish_seq(1, Some("s"), &t, 0);
+    assert!(kv.make_room(4, 1, &mut io));
+    assert_eq!(kv.host_bytes_used(), 3 * BYTES);
+    run_prompt(&mut kv, &mut io, 9, FREE, &toks(100..116), None, 1);
+    kv.free_seq(9);
+    let mut bad = UnwritableIo(io);
+    let begin = kv
+        .begin_seq(start(2, PRO, &t, Some("s"), t.len()), 2, &mut bad)
+        .unwrap();
+    assert_eq!(
+        begin,
+        Begin {
+            computed: 0,
+            source: KvSource::Recompute
+        }
+    );
+    let s = kv.stats();
+    assert_eq!((s.restore_failures_host, s.restore_failures_disk), (1, 0));
+    assert_eq!((s.restores_recompute, s.restores_host), (1, 0));
+    assert_eq!(kv.host_bytes_used(), 0);
+    // The sequence holds room for its whole prompt, to be prefilled from scratch.
+    assert!(kv.block_table(2).unwrap().len() >= 3);
     kv.check().unwrap();
 }

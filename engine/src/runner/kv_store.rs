@@ -6,8 +6,10 @@
 //! `block_table[p / block_size]`, slot `p % block_size`. The store never
 //! allocates after construction and knows nothing about which sequence owns a block.
 
-use crate::block_io::BlockIo;
+use crate::block_io::{BlockIo, BlockIoCause, BlockIoError, BlockOp};
 use crate::error::{Error, Result};
+
+type IoResult<T> = std::result::Result<T, BlockIoError>;
 
 /// The block pool's tensors.
 #[derive(Debug)]
@@ -90,12 +92,13 @@ impl KvStore {
         }
     }
 
-    fn check(&self, block: u32) -> Result<std::ops::Range<usize>> {
+    /// The float range of `block` within a layer buffer, or why `op` cannot touch it.
+    fn range(&self, op: BlockOp, block: u32) -> IoResult<std::ops::Range<usize>> {
         if block as usize >= self.num_blocks {
-            return Err(Error::InvalidInput(format!(
-                "block {block} out of range (pool has {})",
-                self.num_blocks
-            )));
+            let cause = BlockIoCause::OutOfRange {
+                num_blocks: self.num_blocks,
+            };
+            return Err(BlockIoError::new(op, block, cause));
         }
         let start = self.head_offset(block, 0);
         Ok(start..start + self.block_floats())
@@ -113,9 +116,37 @@ impl KvStore {
         self.k.len() * 2 * self.block_floats() * 4
     }
 
-    /// Replaces `out` with the byte image of `block`; errors on an out-of-range id.
+    /// [`BlockIo::read_block`] with the crate's error type.
     pub fn try_read_block(&self, block: u32, out: &mut Vec<u8>) -> Result<()> {
-        let range = self.check(block)?;
+        self.read_block(block, out).map_err(invalid)
+    }
+
+    /// [`BlockIo::write_block`] with the crate's error type.
+    pub fn try_write_block(&mut self, block: u32, data: &[u8]) -> Result<()> {
+        self.write_block(block, data).map_err(invalid)
+    }
+
+    /// [`BlockIo::copy_block`] with the crate's error type.
+    pub fn try_copy_block(&mut self, src: u32, dst: u32) -> Result<()> {
+        self.copy_block(src, dst).map_err(invalid)
+    }
+}
+
+fn invalid(e: BlockIoError) -> Error {
+    Error::InvalidInput(e.to_string())
+}
+
+/// The cache manager's interface. A bad block id or image size is refused with an error that
+/// names the block; nothing is written then, and a failed read yields no image (never zeros,
+/// which would be restored as if they were the session's KV).
+impl BlockIo for KvStore {
+    fn block_bytes(&self) -> usize {
+        self.image_bytes()
+    }
+
+    /// Layer by layer, the block's K floats then its V floats, little-endian.
+    fn read_block(&self, block: u32, out: &mut Vec<u8>) -> IoResult<()> {
+        let range = self.range(BlockOp::Read, block)?;
         out.clear();
         out.reserve(self.image_bytes());
         for (k, v) in self.k.iter().zip(&self.v) {
@@ -126,16 +157,14 @@ impl KvStore {
         Ok(())
     }
 
-    /// Overwrites `block` with an image from [`KvStore::try_read_block`]; errors on an
-    /// out-of-range id or a wrong-sized image (nothing is written then).
-    pub fn try_write_block(&mut self, block: u32, data: &[u8]) -> Result<()> {
-        let range = self.check(block)?;
+    fn write_block(&mut self, block: u32, data: &[u8]) -> IoResult<()> {
+        let range = self.range(BlockOp::Write, block)?;
         if data.len() != self.image_bytes() {
-            return Err(Error::InvalidInput(format!(
-                "block image has {} bytes, expected {}",
-                data.len(),
-                self.image_bytes()
-            )));
+            let cause = BlockIoCause::WrongSize {
+                got: data.len(),
+                want: self.image_bytes(),
+            };
+            return Err(BlockIoError::new(BlockOp::Write, block, cause));
         }
         let n = range.len() * 4;
         for (i, (k, v)) in self.k.iter_mut().zip(self.v.iter_mut()).enumerate() {
@@ -151,42 +180,13 @@ impl KvStore {
         Ok(())
     }
 
-    /// Copies the contents of `src` into `dst`; errors on an out-of-range id.
-    pub fn try_copy_block(&mut self, src: u32, dst: u32) -> Result<()> {
-        let s = self.check(src)?;
-        let d = self.check(dst)?;
+    fn copy_block(&mut self, src: u32, dst: u32) -> IoResult<()> {
+        let s = self.range(BlockOp::Copy, src)?;
+        let d = self.range(BlockOp::Copy, dst)?;
         for buf in self.k.iter_mut().chain(self.v.iter_mut()) {
             buf.copy_within(s.clone(), d.start);
         }
         Ok(())
-    }
-}
-
-/// The cache manager's infallible interface. A bad block id or image size is a caller bug:
-/// it is logged and the operation does nothing (a read yields zeros), never a panic.
-impl BlockIo for KvStore {
-    fn block_bytes(&self) -> usize {
-        self.image_bytes()
-    }
-
-    fn read_block(&self, block: u32, out: &mut Vec<u8>) {
-        if let Err(e) = self.try_read_block(block, out) {
-            tracing::warn!(error = %e, "read_block");
-            out.clear();
-            out.resize(self.image_bytes(), 0);
-        }
-    }
-
-    fn write_block(&mut self, block: u32, data: &[u8]) {
-        if let Err(e) = self.try_write_block(block, data) {
-            tracing::warn!(error = %e, "write_block");
-        }
-    }
-
-    fn copy_block(&mut self, src: u32, dst: u32) {
-        if let Err(e) = self.try_copy_block(src, dst) {
-            tracing::warn!(error = %e, "copy_block");
-        }
     }
 }
 
@@ -200,21 +200,44 @@ mod tests {
         kv.write_token(0, 1, 0, &[1.0, 2.0], &[3.0, 4.0]);
         kv.write_token(1, 1, 1, &[5.0, 6.0], &[7.0, 8.0]);
         let mut img = Vec::new();
-        kv.read_block(1, &mut img);
+        kv.read_block(1, &mut img).unwrap();
         assert_eq!(img.len(), kv.block_bytes());
-        kv.write_block(2, &img);
-        kv.copy_block(1, 0);
+        kv.write_block(2, &img).unwrap();
+        kv.copy_block(1, 0).unwrap();
         for b in [0, 2] {
             let mut other = Vec::new();
-            kv.read_block(b, &mut other);
+            kv.read_block(b, &mut other).unwrap();
             assert_eq!(other, img);
         }
         assert!(kv.try_read_block(3, &mut img).is_err());
         assert!(kv.try_write_block(0, &img[1..]).is_err());
         assert!(kv.try_copy_block(0, 9).is_err());
-        // The trait form never panics on bad input.
-        kv.read_block(3, &mut img);
-        assert_eq!(img, vec![0; kv.block_bytes()]);
-        kv.write_block(0, &[1, 2, 3]);
+    }
+
+    /// The bug this guards against: a failed read used to hand back a zero-filled image of
+    /// the right size, which offloading stored (and a restore then loaded) as real KV.
+    #[test]
+    fn failed_block_io_is_an_error_naming_the_block_not_zeros() {
+        let mut kv = KvStore::new(2, 1, 2, 2, 3);
+        let mut img = Vec::new();
+        let err = kv.read_block(3, &mut img).unwrap_err();
+        assert_eq!(
+            err,
+            BlockIoError::new(BlockOp::Read, 3, BlockIoCause::OutOfRange { num_blocks: 3 })
+        );
+        assert_ne!(img, vec![0; kv.block_bytes()]);
+        assert!(err.to_string().contains("KV block 3"), "{err}");
+        // A short image is refused and nothing is written.
+        kv.write_token(0, 0, 0, &[1.0, 2.0], &[3.0, 4.0]);
+        let mut before = Vec::new();
+        kv.read_block(0, &mut before).unwrap();
+        let err = kv.write_block(0, &[1, 2, 3]).unwrap_err();
+        let want = kv.block_bytes();
+        assert_eq!(err.cause, BlockIoCause::WrongSize { got: 3, want });
+        let mut after = Vec::new();
+        kv.read_block(0, &mut after).unwrap();
+        assert_eq!(before, after);
+        let err = kv.copy_block(0, 7).unwrap_err();
+        assert_eq!((err.op, err.block), (BlockOp::Copy, 7));
     }
 }

@@ -11,7 +11,8 @@
 //!   writes the chunk's K/V into those slots, then returns, per chunk, the logits of its last
 //!   token when `want_logits` is set (typically: decode tokens and the final prefill chunk).
 //! - The same sequence must not appear twice in one step. Block contents are moved by the
-//!   cache side through [`BlockIo`] (implemented by [`Runner`]).
+//!   cache side through [`BlockIo`] (implemented by [`Runner`]); that I/O is fallible and a
+//!   failure names the block, so the cache can recompute instead of using a bad image.
 //!
 //! Results are independent of how sequences are batched or how a prefill is chunked, up to
 //! float reassociation (tests check batched == sequential, chunked == one-shot, and paged ==
@@ -21,7 +22,7 @@ pub mod attention;
 pub mod kv_store;
 pub mod packed;
 
-use crate::block_io::BlockIo;
+use crate::block_io::{BlockIo, BlockIoError};
 use crate::error::{Error, Result};
 use crate::kernels::ops::{add_assign, rms_norm, rope_inv_freq, rope_row, silu_mul};
 use crate::model::{LlamaConfig, ModelFiles, Weights};
@@ -279,18 +280,18 @@ impl Runner {
     }
 }
 
-/// Block I/O for the KV cache manager, delegated to the [`KvStore`].
+/// Block I/O for the KV cache manager, delegated to the [`KvStore`] (errors name the block).
 impl BlockIo for Runner {
     fn block_bytes(&self) -> usize {
         self.kv.block_bytes()
     }
-    fn read_block(&self, block: u32, out: &mut Vec<u8>) {
+    fn read_block(&self, block: u32, out: &mut Vec<u8>) -> std::result::Result<(), BlockIoError> {
         self.kv.read_block(block, out)
     }
-    fn write_block(&mut self, block: u32, data: &[u8]) {
+    fn write_block(&mut self, block: u32, data: &[u8]) -> std::result::Result<(), BlockIoError> {
         self.kv.write_block(block, data)
     }
-    fn copy_block(&mut self, src: u32, dst: u32) {
+    fn copy_block(&mut self, src: u32, dst: u32) -> std::result::Result<(), BlockIoError> {
         self.kv.copy_block(src, dst)
     }
 }

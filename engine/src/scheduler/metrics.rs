@@ -29,6 +29,8 @@ pub struct Snapshot {
     pub evictions: Vec<(String, EvictAction, u64)>,
     /// Returning sessions by where their KV came from (resident, host, disk, recompute).
     pub restores: Vec<(KvSource, u64)>,
+    /// Restores that failed and were recomputed, by where the bytes were (host, disk).
+    pub restore_failures: Vec<(KvSource, u64)>,
     /// Prompt tokens served from the shared-prefix cache.
     pub prefix_hit_tokens: u64,
     /// Preemptions of running sequences.
@@ -76,6 +78,7 @@ impl Scheduler {
                 (KvSource::Disk, s.restores_disk),
                 (KvSource::Recompute, s.restores_recompute),
             ],
+            restore_failures: s.restore_failures().to_vec(),
             prefix_hit_tokens: s.prefix_hit_tokens,
             preemptions: self.stats.preemptions,
             prefill_tokens: self.stats.prefill_tokens,

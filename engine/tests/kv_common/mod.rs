@@ -55,9 +55,9 @@ pub fn write_kv(io: &mut MemBlockIo, table: &[u32], tokens: &[u32], from: usize,
     let mut buf = Vec::new();
     for p in from..to {
         let b = table[p / B];
-        io.read_block(b, &mut buf);
+        io.read_block(b, &mut buf).expect("block in range");
         buf[(p % B) * 8..(p % B + 1) * 8].copy_from_slice(&slot(tokens, p));
-        io.write_block(b, &buf);
+        io.write_block(b, &buf).expect("block in range");
     }
 }
 
