@@ -123,7 +123,7 @@ kind: InferencePool
 metadata: {name: bad, namespace: $NS}
 spec:
   model: {name: m, uri: "file:///models/m"}
-  engine: {image: tidegate-engine:local, resources: {gpus: 0}}
+  engine: {image: tidegate-engine:local, resources: {gpus: 0, memory: 256Mi}, kvCache: {memoryFraction: 0.2}}
   replicas: {min: 0, max: 1}
   scaling: {interval: 300000h}
 ---
@@ -154,7 +154,7 @@ kind: InferencePool
 metadata: {name: good, namespace: $NS}
 spec:
   model: {name: tiny-random, uri: "file://$WORK/model"}
-  engine: {image: tidegate-engine:local, resources: {gpus: 0}, maxBatchSize: 4}
+  engine: {image: tidegate-engine:local, resources: {gpus: 0, memory: 256Mi}, kvCache: {memoryFraction: 0.2}, maxBatchSize: 4}
   replicas: {min: 1, max: 1}
   scaling: {interval: 2s, metrics: {source: Direct, rateWindow: 5s, staleAfter: 10s}}
 ---
@@ -163,7 +163,7 @@ kind: InferencePool
 metadata: {name: uses-bad-tiers, namespace: $NS}
 spec:
   model: {name: tiny-random, uri: "file://$WORK/model"}
-  engine: {image: tidegate-engine:local, resources: {gpus: 0}}
+  engine: {image: tidegate-engine:local, resources: {gpus: 0, memory: 256Mi}, kvCache: {memoryFraction: 0.2}}
   replicas: {min: 0, max: 1}
   scaling: {interval: 2s, metrics: {source: Direct}}
   tierPolicyRef: {name: bad-tiers}

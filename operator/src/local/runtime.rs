@@ -129,6 +129,11 @@ impl LocalRuntime {
         admin_port: u16,
     ) -> Result<LocalCommand, RuntimeError> {
         let model = self.model_path(spec)?;
+        if spec.engine.resources.memory.is_none() && spec.engine.kv_cache.memory_fraction > 0.5 {
+            // As in a pod without a memory limit; on a shared machine that is most of it.
+            warn!(pool = %pool, fraction = spec.engine.kv_cache.memory_fraction,
+                "no engine.resources.memory: this engine sizes its KV pool from the machine's free memory");
+        }
         let kv_disk_dir = spec.engine.kv_cache.disk_offload.as_ref().map(|_| {
             let state = self.cfg.log_dir.parent().unwrap_or(&self.cfg.log_dir);
             state
