@@ -9,7 +9,7 @@ export TIDEGATE_ENGINE_BIN=${TIDEGATE_ENGINE_BIN:-$target/debug/tidegate-engine}
 [ -x "$TIDEGATE_ENGINE_BIN" ] || cargo build --quiet -p tidegate-engine
 python3 -c 'import openai, pytest' 2>/dev/null || python3 -m pip install -q --disable-pip-version-check openai pytest
 if [ -z "${TIDEGATE_TEST_MODEL:-}" ]; then
-    gguf=$(find models/smollm2 -name '*.gguf' 2>/dev/null | head -1)
+    gguf=$(find models/smollm2 -name '*.gguf' 2>/dev/null | head -1 || true)
     if [ -n "$gguf" ]; then
         export TIDEGATE_TEST_MODEL=$gguf
     fi
