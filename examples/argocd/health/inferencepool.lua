@@ -6,7 +6,8 @@
 --              replicas are not ready yet.
 -- Degraded     CapacityExhausted=True (at max replicas or the GPU budget and still over the
 --              SLO: new tenants are being paused), MetricsAvailable=False (the operator holds
---              its last decision), or the referenced TierPolicy is missing.
+--              its last decision), the referenced TierPolicy is missing or unreadable, or
+--              the operator cannot read the pool's spec (Ready=False InvalidSpec).
 -- The message is the deciding condition's message.
 --
 -- Written for Argo CD's Lua 5.1 (gopher-lua) and runs unchanged on Lua 5.4.
@@ -68,10 +69,16 @@ if metrics ~= nil and metrics.status == "False" then
   return hs
 end
 
+-- Ready=False reasons that no waiting fixes: someone has to change a manifest.
+local needs_a_fix = {
+  TierPolicyNotFound = "The referenced TierPolicy does not exist",
+  TierPolicyInvalid = "The referenced TierPolicy cannot be read by the operator",
+  InvalidSpec = "The operator cannot read this pool's spec",
+}
 local ready = condition(status, "Ready")
-if ready ~= nil and ready.status == "False" and ready.reason == "TierPolicyNotFound" then
+if ready ~= nil and ready.status == "False" and needs_a_fix[ready.reason] ~= nil then
   hs.status = "Degraded"
-  hs.message = text(ready, "The referenced TierPolicy does not exist")
+  hs.message = text(ready, needs_a_fix[ready.reason])
   return hs
 end
 
