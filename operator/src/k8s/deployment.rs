@@ -50,7 +50,9 @@ pub const ENGINE_UID: i64 = 65532;
 /// Why a pool's spec cannot be turned into a Deployment.
 #[derive(Debug, thiserror::Error)]
 pub enum BadPoolSpec {
-    #[error("spec.model.uri {0:?}: expected file:///PATH or pvc://CLAIM/PATH")]
+    #[error(
+        "spec.model.uri {0:?}: expected file:///PATH or pvc://CLAIM/PATH in a cluster (a relative file:// path is for local mode)"
+    )]
     ModelUri(String),
     #[error(transparent)]
     Launch(#[from] LaunchError),

@@ -149,18 +149,31 @@ pub fn run(args: &RenderArgs) -> anyhow::Result<()> {
             args.owner_uid.as_deref(),
         )?);
     }
-    match args.output {
+    let text = match args.output {
         Output::Json => {
             let list = serde_json::json!({"apiVersion": "v1", "kind": "List", "items": docs});
-            println!("{}", serde_json::to_string_pretty(&list)?);
+            format!("{}\n", serde_json::to_string_pretty(&list)?)
         }
         Output::Yaml => {
+            let mut text = String::new();
             for doc in &docs {
-                print!("---\n{}", serde_saphyr::to_string(doc)?);
+                text.push_str("---\n");
+                text.push_str(&serde_saphyr::to_string(doc)?);
             }
+            text
         }
+    };
+    write_stdout(&text)
+}
+
+/// Writes all of `text`; a reader that stopped early (`render … | head`) is not an error.
+fn write_stdout(text: &str) -> anyhow::Result<()> {
+    use std::io::Write;
+    let mut out = std::io::stdout().lock();
+    match out.write_all(text.as_bytes()).and_then(|()| out.flush()) {
+        Err(e) if e.kind() != std::io::ErrorKind::BrokenPipe => Err(e.into()),
+        _ => Ok(()),
     }
-    Ok(())
 }
 
 /// The tier policy reaches engines over the admin API, so no rendered object depends on it;
