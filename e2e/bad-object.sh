@@ -60,21 +60,11 @@ stop_operator() {
 field() { kubectl -n "$NS" get "$1" "$2" -o jsonpath="$3" 2>/dev/null; }
 ready() { field "$1" "$2" "{.status.conditions[?(@.type==\"Ready\")].$3}"; }
 
-# wait_for NAME SECONDS CMD...: polls CMD until it succeeds.
-wait_for() {
-    local name=$1 secs=$2
-    shift 2
-    local t0=$SECONDS
-    while [ $((SECONDS - t0)) -lt "$secs" ]; do
-        if "$@" >/dev/null 2>&1; then
-            pass "$name ($((SECONDS - t0))s)"
-            return 0
-        fi
-        sleep 1
-    done
-    fail "$name (timed out after ${secs}s)" "$(kubectl -n "$NS" get inferencepools,tierpolicies -o yaml | grep -A40 '^  status:' | head -80)
-operator log:
-$(log_tail "$WORK/operator.log")"
+# What a timed-out wait_for (lib.sh) prints: every object's status and the operator's log.
+wait_context() {
+    kubectl -n "$NS" get inferencepools,tierpolicies -o yaml | grep -A40 '^  status:' | head -80
+    echo "operator log:"
+    log_tail "$WORK/operator.log"
 }
 
 # The bad durations are over the operator's limit (277777h46m40s) but within what the API

@@ -34,6 +34,27 @@ summary() {
     [ "$E2E_FAILED" -eq 0 ]
 }
 
+# wait_context: what a timed-out wait_for prints under its FAIL line. A script redefines it
+# (the objects' status, the operator's log tail); the default prints nothing.
+wait_context() { :; }
+
+# wait_for NAME SECONDS CMD...: polls CMD once a second until it succeeds (pass, with the
+# seconds it took) or SECONDS have gone (fail, with wait_context's output; returns 1).
+wait_for() {
+    local name=$1 secs=$2
+    shift 2
+    local t0=$SECONDS
+    while [ $((SECONDS - t0)) -lt "$secs" ]; do
+        if "$@" >/dev/null 2>&1; then
+            pass "$name ($((SECONDS - t0))s)"
+            return 0
+        fi
+        sleep 1
+    done
+    fail "$name (timed out after ${secs}s)" "$(wait_context)"
+    return 1
+}
+
 # build_binaries PROFILE: builds tidegate-operator and tidegate-engine, debug or release.
 build_binaries() {
     local flags=()

@@ -121,22 +121,11 @@ PIDS+=("$!")
 
 jp() { kubectl -n "$NS" get inferencepool "$POOL" -o jsonpath="$1" 2>/dev/null; }
 cond() { jp "{.status.conditions[?(@.type==\"$1\")].status}"; }
-# wait_for NAME SECONDS CMD...: polls CMD until it succeeds.
-wait_for() {
-    local name=$1 secs=$2
-    shift 2
-    local t0=$SECONDS
-    while [ $((SECONDS - t0)) -lt "$secs" ]; do
-        if "$@" >/dev/null 2>&1; then
-            pass "$name ($((SECONDS - t0))s)"
-            return 0
-        fi
-        sleep 1
-    done
-    fail "$name (timed out after ${secs}s)" "$(kubectl -n "$NS" get inferencepool "$POOL" -o yaml | sed -n '/^status:/,$p' | head -60)
---- operator log (tail):
-$(tail -20 "$WORK/operator.log")"
-    return 1
+# What a timed-out wait_for (lib.sh) prints: the pool's status and the operator's log tail.
+wait_context() {
+    kubectl -n "$NS" get inferencepool "$POOL" -o yaml | sed -n '/^status:/,$p' | head -60
+    echo "--- operator log (tail):"
+    tail -20 "$WORK/operator.log"
 }
 is() { [ "$(jp "$1")" = "$2" ]; }
 ge() { [ "$(jp "$1")" -ge "$2" ] 2>/dev/null; }
