@@ -14,8 +14,7 @@ use std::time::Duration;
 
 use serde_json::{Value, json};
 use tidegate_api::engine_admin::EnginePolicy;
-use tidegate_engine::backend::Engine;
-use tidegate_engine::engine_loop::{LoopConfig, LoopEngine};
+use tidegate_engine::engine_loop::LoopConfig;
 use tidegate_engine::metrics::Metrics;
 use tidegate_engine::model::ModelFiles;
 use tidegate_engine::server::{self, AdminAuth, RunningServer, ServerConfig};
@@ -48,15 +47,7 @@ async fn start(model: &Path, kv_blocks: usize) -> Harness {
 async fn start_with(model: &Path, config: LoopConfig, admin: bool) -> Harness {
     let metrics = Metrics::new();
     let files = ModelFiles::load(model).unwrap();
-    let engine = LoopEngine::start(files, config, metrics.clone()).unwrap();
-    for _ in 0..600 {
-        if engine.is_ready() {
-            break;
-        }
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
-    assert!(engine.is_ready(), "engine loaded");
-    let engine: Arc<dyn Engine> = engine;
+    let engine = common::ready_loop_engine(files, config, metrics.clone()).await;
     let api = TcpListener::bind("127.0.0.1:0").await.unwrap();
     let (admin_listener, auth) = if admin {
         let l = TcpListener::bind("127.0.0.1:0").await.unwrap();

@@ -13,12 +13,10 @@
 mod common;
 
 use std::path::{Path, PathBuf};
-use std::sync::Arc;
 use std::time::Duration;
 
 use serde_json::{Value, json};
-use tidegate_engine::backend::Engine;
-use tidegate_engine::engine_loop::{LoopConfig, LoopEngine};
+use tidegate_engine::engine_loop::LoopConfig;
 use tidegate_engine::metrics::Metrics;
 use tidegate_engine::model::ModelFiles;
 use tidegate_engine::server::{self, RunningServer, ServerConfig};
@@ -45,15 +43,7 @@ async fn start() -> Harness {
         max_batch_tokens: 256,
         ..LoopConfig::default()
     };
-    let engine = LoopEngine::start(files, config, metrics.clone()).unwrap();
-    for _ in 0..600 {
-        if engine.is_ready() {
-            break;
-        }
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
-    assert!(engine.is_ready(), "engine loaded");
-    let engine: Arc<dyn Engine> = engine;
+    let engine = common::ready_loop_engine(files, config, metrics.clone()).await;
     let api = TcpListener::bind("127.0.0.1:0").await.unwrap();
     let server = server::start(ServerConfig::default(), api, None, engine, metrics).unwrap();
     Harness {

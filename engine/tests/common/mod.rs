@@ -1,10 +1,14 @@
 //! Shared test helpers: the seed-42 random model written once per test binary into a
-//! private temporary directory, and a float comparison.
+//! private temporary directory, a float comparison, and an engine loop started and waited on.
 #![allow(dead_code, clippy::unwrap_used)]
 
 use std::path::PathBuf;
-use std::sync::OnceLock;
+use std::sync::{Arc, OnceLock};
+use std::time::Duration;
 
+use tidegate_engine::backend::Engine;
+use tidegate_engine::engine_loop::{LoopConfig, LoopEngine};
+use tidegate_engine::metrics::Metrics;
 use tidegate_engine::model::ModelFiles;
 use tidegate_engine::model::random::write_random_model;
 
@@ -23,6 +27,23 @@ pub fn random_model_dir() -> PathBuf {
 /// The seed-42 random model, loaded.
 pub fn random_model() -> ModelFiles {
     ModelFiles::load(&random_model_dir()).expect("load random model")
+}
+
+/// The engine loop on `files`, once it is ready (weights packed, KV pool built; 30 s at most).
+pub async fn ready_loop_engine(
+    files: ModelFiles,
+    config: LoopConfig,
+    metrics: Arc<Metrics>,
+) -> Arc<dyn Engine> {
+    let engine = LoopEngine::start(files, config, metrics).unwrap();
+    for _ in 0..600 {
+        if engine.is_ready() {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    assert!(engine.is_ready(), "engine loaded");
+    engine
 }
 
 /// Largest absolute difference, asserting it is below `tol`.
