@@ -10,7 +10,6 @@ use std::time::Duration;
 
 use axum::Json;
 use axum::Router;
-use axum::body::Bytes;
 use axum::extract::{RawQuery, Request, State};
 use axum::http::{HeaderMap, StatusCode, header};
 use axum::response::{IntoResponse, Response};
@@ -20,7 +19,6 @@ use tidegate_api::engine_admin::{
 };
 
 use super::AppState;
-use super::body::read_limited;
 use super::error::ApiError;
 use crate::metrics::TierLabel;
 use crate::tenancy::CompiledPolicy;
@@ -72,23 +70,13 @@ pub fn apply_policy(app: &AppState, compiled: CompiledPolicy) {
     app.policy.set(compiled);
 }
 
-/// The body within the server's size limit and read timeout (as on the API port).
-async fn body(app: &AppState, request: Request) -> Result<Bytes, ApiError> {
-    read_limited(
-        request,
-        app.config.max_body_bytes,
-        app.config.body_read_timeout,
-    )
-    .await
-}
-
 async fn put_policy(
     State(app): State<Arc<AppState>>,
     headers: HeaderMap,
     request: Request,
 ) -> Result<StatusCode, ApiError> {
     authorize(&app, &headers)?;
-    let body = body(&app, request).await?;
+    let body = app.read_body(request).await?;
     let policy: EnginePolicy = serde_json::from_slice(&body)
         .map_err(|e| ApiError::invalid(format!("Invalid policy: {e}"), None))?;
     let compiled = CompiledPolicy::compile(&policy)
@@ -137,7 +125,7 @@ async fn post_drain(
     request: Request,
 ) -> Result<Response, ApiError> {
     authorize(&app, &headers)?;
-    let body = body(&app, request).await?;
+    let body = app.read_body(request).await?;
     let request: DrainRequest = if body.iter().all(u8::is_ascii_whitespace) {
         DrainRequest::default()
     } else {

@@ -36,6 +36,19 @@ pub fn drain_cap(limit: usize) -> u64 {
     (limit as u64).saturating_mul(4).max(DRAIN_MIN_BYTES)
 }
 
+impl super::AppState {
+    /// The request's body within `--max-body-bytes` and the body read timeout, so a slow or
+    /// stalled upload cannot hold a connection and its buffers for ever (both ports).
+    pub(crate) async fn read_body(&self, request: Request) -> Result<Bytes, ApiError> {
+        read_limited(
+            request,
+            self.config.max_body_bytes,
+            self.config.body_read_timeout,
+        )
+        .await
+    }
+}
+
 /// The body of `request`, at most `limit` bytes, read within `timeout`.
 pub async fn read_limited(
     request: Request,

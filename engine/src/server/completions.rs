@@ -16,7 +16,6 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Instant, SystemTime, UNIX_EPOCH};
 
 use axum::Json;
-use axum::body::Bytes;
 use axum::extract::{Request, State};
 use axum::response::sse::{Event, Sse};
 use axum::response::{IntoResponse, Response};
@@ -24,7 +23,6 @@ use serde_json::{Value, json};
 use tidegate_api::Tier;
 
 use super::AppState;
-use super::body::read_limited;
 use super::drain::InFlight;
 use super::error::ApiError;
 use super::openai::{Endpoint, Prepared, prepare};
@@ -59,17 +57,6 @@ pub async fn chat_completions(State(app): State<Arc<AppState>>, request: Request
     handle(app, Endpoint::Chat, request).await
 }
 
-/// Reads the body within the size limit and the read timeout, so a slow or stalled upload
-/// cannot hold a connection and its buffers forever (see `body` for oversized ones).
-async fn read_body(app: &AppState, request: Request) -> Result<Bytes, ApiError> {
-    read_limited(
-        request,
-        app.config.max_body_bytes,
-        app.config.body_read_timeout,
-    )
-    .await
-}
-
 async fn handle(app: Arc<AppState>, endpoint: Endpoint, request: Request) -> Response {
     let arrived = Instant::now();
     let policy = app.policy.get();
@@ -102,7 +89,7 @@ async fn admit(
     }
     let headers = request.headers().clone();
     let headers = &headers;
-    let body = read_body(app, request).await?;
+    let body = app.read_body(request).await?;
     let policy = app.policy.get();
     let identity = policy.identify(headers)?;
     tier_name.clone_from(&identity.tier.name);
