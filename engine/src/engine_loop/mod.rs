@@ -73,6 +73,14 @@ pub struct LoopConfig {
     pub max_context_tokens: Option<usize>,
 }
 
+impl LoopConfig {
+    /// The longest context a request may have for a model whose own limit is `model_max`:
+    /// that limit, capped by `--max-context-tokens`.
+    pub fn max_model_len(&self, model_max: usize) -> usize {
+        model_max.min(self.max_context_tokens.unwrap_or(usize::MAX))
+    }
+}
+
 impl Default for LoopConfig {
     fn default() -> Self {
         LoopConfig {
@@ -125,12 +133,10 @@ impl LoopEngine {
         metrics: Arc<Metrics>,
     ) -> crate::error::Result<Arc<Self>> {
         let kv_tokens = config.kv_blocks.max(1) * config.kv_block_tokens.max(1);
-        // The smallest of the model's limit, the pool's own and what the KV pool can hold.
-        let context = files
-            .config
-            .max_position_embeddings
-            .min(kv_tokens)
-            .min(config.max_context_tokens.unwrap_or(usize::MAX));
+        // What the scheduler takes, and never more than the KV pool can hold.
+        let context = config
+            .max_model_len(files.config.max_position_embeddings)
+            .min(kv_tokens);
         let info = ModelInfo {
             id: config.model_id.clone(),
             context_length: u32::try_from(context).unwrap_or(u32::MAX),

@@ -90,10 +90,7 @@ impl Owner {
             max_num_tokens: cfg.max_batch_tokens.max(1),
             max_num_seqs: cfg.max_batch_seqs.max(1),
             max_waiting: cfg.max_waiting.max(1),
-            max_model_len: files
-                .config
-                .max_position_embeddings
-                .min(cfg.max_context_tokens.unwrap_or(usize::MAX)),
+            max_model_len: cfg.max_model_len(files.config.max_position_embeddings),
             max_prefill_chunk: cfg.max_batch_tokens.max(1),
             ..SchedulerConfig::default()
         };
