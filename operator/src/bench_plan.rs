@@ -8,7 +8,7 @@ use std::time::{Duration, Instant};
 
 use tidegate_api::{InferencePoolSpec, TierPolicySpec};
 
-use crate::plan::{self, Observation, PlanState, PoolMetrics};
+use crate::plan::{self, Observation, PlanState, PoolMetrics, StepSample};
 use crate::ports::WorkloadState;
 use crate::status_build;
 
@@ -80,17 +80,21 @@ pub fn run(args: &BenchPlanArgs) -> anyhow::Result<()> {
                 ready_replicas: replicas[i],
                 metrics: Ok(PoolMetrics {
                     decode_tokens_per_second: running * 20.0,
-                    saturated_pod_tokens_per_second: if waiting > 0.0 {
-                        vec![1000.0; replicas[i] as usize]
-                    } else {
-                        vec![]
-                    },
+                    step_samples: vec![
+                        StepSample {
+                            batch: running / f64::from(replicas[i].max(1)),
+                            itl_seconds: 0.02 + 0.0005 * running / f64::from(replicas[i].max(1)),
+                        };
+                        replicas[i].max(0) as usize
+                    ],
                     running,
                     waiting,
                     queue_wait_p99_seconds: Some(if waiting > 0.0 { 2.0 } else { 0.1 }),
                     kv_utilization: running / slots.max(1.0),
                     evictions_per_second: 0.0,
                     overload_refusals_per_second: 0.0,
+                    requests_finished_per_second: running / 30.0,
+                    waiting_growth_per_second: 0.0,
                     pods_reporting: replicas[i],
                     sampled_at: now,
                 }),

@@ -31,6 +31,11 @@ pub struct EngineSample {
     pub kv_total: f64,
     pub evictions: f64,
     pub overload_refusals: f64,
+    /// Requests that finished (completed, cancelled or failed).
+    pub finished: f64,
+    /// Inter-token latency histogram's sum (seconds) and count (tokens), all tiers summed.
+    pub itl_sum: f64,
+    pub itl_count: f64,
     /// Cumulative queue-wait histogram: (upper bound seconds, count), all tiers summed.
     pub queue_wait_buckets: Vec<(f64, f64)>,
 }
@@ -49,6 +54,11 @@ pub fn parse_engine_metrics(text: &str, at_ms: u64) -> EngineSample {
         s.label("reason")
             .is_some_and(|r| contract::OVERLOAD_REASONS.contains(&r))
     };
+    let finished = |s: &Sample| {
+        s.label("outcome")
+            .is_some_and(|o| contract::FINISHED_OUTCOMES.contains(&o))
+    };
+    let itl = &contract::INTER_TOKEN_LATENCY_SECONDS;
     EngineSample {
         at_ms,
         decode_tokens: sum(contract::DECODE_TOKENS.series, &any),
@@ -58,6 +68,9 @@ pub fn parse_engine_metrics(text: &str, at_ms: u64) -> EngineSample {
         kv_total: sum(contract::KV_BLOCKS_TOTAL.series, &any),
         evictions: sum(contract::EVICTIONS.series, &any),
         overload_refusals: sum(contract::REJECTIONS.series, &overload),
+        finished: sum(contract::REQUESTS.series, &finished),
+        itl_sum: sum(&itl.sum_series(), &any),
+        itl_count: sum(&itl.count_series(), &any),
         // All tiers summed, as the pool's p99 query sums by le.
         queue_wait_buckets: cumulative_buckets(&all, contract::QUEUE_WAIT_SECONDS.series, any),
     }
@@ -174,6 +187,13 @@ tidegate_engine_kv_blocks_total 200
 tidegate_engine_evictions_total{tier="free",action="drop"} 4
 tidegate_engine_rejections_total{reason="queue_full"} 2
 tidegate_engine_rejections_total{reason="rate_limited"} 9
+tidegate_engine_requests_total{tier="free",outcome="completed"} 30
+tidegate_engine_requests_total{tier="free",outcome="rejected"} 11
+tidegate_engine_requests_total{tier="gold",outcome="cancelled"} 2
+tidegate_engine_inter_token_latency_seconds_sum{tier="free"} 12.5
+tidegate_engine_inter_token_latency_seconds_count{tier="free"} 500
+tidegate_engine_inter_token_latency_seconds_sum{tier="gold"} 2.5
+tidegate_engine_inter_token_latency_seconds_count{tier="gold"} 100
 tidegate_engine_queue_wait_seconds_bucket{tier="free",le="0.1"} 10
 tidegate_engine_queue_wait_seconds_bucket{tier="free",le="1.0"} 18
 tidegate_engine_queue_wait_seconds_bucket{tier="free",le="+Inf"} 20
@@ -190,6 +210,8 @@ tidegate_engine_queue_wait_seconds_bucket{tier="gold",le="+Inf"} 5
         assert_eq!((s.kv_used, s.kv_total), (50.0, 200.0));
         assert_eq!(s.evictions, 4.0);
         assert_eq!(s.overload_refusals, 2.0);
+        assert_eq!(s.finished, 32.0);
+        assert_eq!((s.itl_sum, s.itl_count), (15.0, 600.0));
         assert_eq!(
             s.queue_wait_buckets,
             vec![(0.1, 15.0), (1.0, 23.0), (f64::INFINITY, 25.0)]

@@ -21,7 +21,7 @@ use tidegate_api::status::InferencePoolStatus;
 use tidegate_api::{InferencePoolSpec, TierPolicySpec};
 use tracing::{info, warn};
 
-use crate::plan::{self, AdmissionMachine, CapacityModel, Millis, Observation, Plan, PlanState};
+use crate::plan::{self, AdmissionMachine, Line, Millis, Observation, Plan, PlanState, PodModel};
 use crate::ports::{
     Endpoint, EngineControl, MetricsSource, PoolRef, RegistryStore, RuntimeError, WorkloadRuntime,
     WorkloadState,
@@ -300,14 +300,17 @@ fn pick_victims(endpoints: &[Endpoint], n: usize) -> Vec<Endpoint> {
 }
 
 /// Rebuilds planner memory from the status an earlier operator wrote (restart loses nothing
-/// that matters: learned capacity and the admission state).
+/// that matters: the learned pod model and the admission state).
 fn restore_plan_state(previous: Option<&InferencePoolStatus>) -> PlanState {
     let mut state = PlanState::default();
     let Some(prev) = previous else {
         return state;
     };
-    if let Some(m) = &prev.measured {
-        state.capacity = CapacityModel::restored(m.per_replica_capacity);
+    if let Some(m) = &prev.pod_model {
+        state.pod_model = PodModel::restored(Line {
+            base_seconds: m.itl_base_seconds,
+            per_sequence_seconds: m.itl_per_sequence_seconds,
+        });
     }
     if let Some(a) = &prev.admission {
         let since = a.since.as_ref().map(|t| t.0.as_millisecond().max(0) as u64);

@@ -110,7 +110,6 @@ impl MetricsSource for Fake {
         // Light load: one replica is plenty.
         Ok(PoolMetrics {
             decode_tokens_per_second: 50.0,
-            saturated_pod_tokens_per_second: Vec::new(),
             running: 2.0,
             waiting: 0.0,
             queue_wait_p99_seconds: Some(0.01),
@@ -119,6 +118,7 @@ impl MetricsSource for Fake {
             overload_refusals_per_second: 0.0,
             pods_reporting: endpoints.len() as i32,
             sampled_at: now_ms,
+            ..PoolMetrics::default()
         })
     }
 }

@@ -17,7 +17,7 @@ use std::collections::{BTreeMap, VecDeque};
 use tidegate_api::exposition::{bucket_deltas, histogram_quantile};
 
 use crate::direct_metrics::EngineSample;
-use crate::plan::PoolMetrics;
+use crate::plan::{PoolMetrics, StepSample};
 
 /// The samples of one engine that the window needs.
 #[derive(Clone, Debug, Default, PartialEq)]
@@ -35,6 +35,8 @@ impl EngineHistory {
             s.decode_tokens < p.decode_tokens
                 || s.evictions < p.evictions
                 || s.overload_refusals < p.overload_refusals
+                || s.finished < p.finished
+                || s.itl_count < p.itl_count
                 || waits_observed(&s) < waits_observed(p)
                 || s.at_ms < p.at_ms
                 || s.at_ms - p.at_ms > max_gap_ms
@@ -112,13 +114,19 @@ pub fn pool_metrics<'a>(
         let Some((first, last, dt)) = h.span() else {
             continue;
         };
-        let tps = (last.decode_tokens - first.decode_tokens) / dt;
-        m.decode_tokens_per_second += tps;
-        if h.in_window(window_ms).any(|s| s.waiting > 0.0) {
-            m.saturated_pod_tokens_per_second.push(tps);
-        }
+        m.decode_tokens_per_second += (last.decode_tokens - first.decode_tokens) / dt;
         m.evictions_per_second += (last.evictions - first.evictions) / dt;
         m.overload_refusals_per_second += (last.overload_refusals - first.overload_refusals) / dt;
+        m.requests_finished_per_second += (last.finished - first.finished) / dt;
+        // deriv() in PromQL: the queue's change from the baseline to the newest read.
+        m.waiting_growth_per_second += (last.waiting - first.waiting) / dt;
+        let tokens = last.itl_count - first.itl_count;
+        if tokens > 0.0 {
+            m.step_samples.push(StepSample {
+                batch: mean(h.in_window(window_ms).map(|s| s.running)),
+                itl_seconds: (last.itl_sum - first.itl_sum) / tokens,
+            });
+        }
         for (le, count) in bucket_deltas(&first.queue_wait_buckets, &last.queue_wait_buckets) {
             // Equal bounds of different engines meet under the same key.
             waits.entry(le.to_bits()).or_insert((le, 0.0)).1 += count;
@@ -175,7 +183,8 @@ mod tests {
         assert!((m.decode_tokens_per_second - 100.0).abs() < 1e-9, "{m:?}");
         // running was 6, 7, 8, 9, 10 at 12 … 20 s (the baseline at 10 s is outside).
         assert!((m.running - 8.0).abs() < 1e-9, "{m:?}");
-        assert!(m.saturated_pod_tokens_per_second.is_empty());
+        // No inter-token latency observed: no point for the pod model.
+        assert!(m.step_samples.is_empty());
         assert!((m.kv_utilization - 0.1).abs() < 1e-9);
     }
 
@@ -188,8 +197,26 @@ mod tests {
         let m = pool_metrics([&h], 10_000, 12_000);
         // 4, 4, 4, 4, 24 over the window: 8, where one scrape alone said 24.
         assert!((m.running - 8.0).abs() < 1e-9, "{m:?}");
-        // A pod that had requests waiting in the window counts as saturated.
-        assert_eq!(m.saturated_pod_tokens_per_second.len(), 1);
+        // The queue grew by 3 from the baseline (2 s) to the newest read (12 s).
+        assert!((m.waiting_growth_per_second - 0.3).abs() < 1e-9, "{m:?}");
+    }
+
+    #[test]
+    fn each_engine_gives_the_pod_model_its_occupancy_and_mean_itl() {
+        let mut a = sample(0, 0.0, 6.0, 0.0);
+        (a.itl_sum, a.itl_count, a.finished) = (10.0, 400.0, 5.0);
+        let mut b = sample(10, 0.0, 10.0, 0.0);
+        (b.itl_sum, b.itl_count, b.finished) = (14.0, 500.0, 25.0);
+        let h = history(10_000, &[a, b]);
+        let m = pool_metrics([&h], 10_000, 10_000);
+        // 4 s of latency over 100 tokens; running 10 in the window (the baseline is out).
+        assert_eq!(m.step_samples.len(), 1);
+        assert!(
+            (m.step_samples[0].itl_seconds - 0.04).abs() < 1e-12,
+            "{m:?}"
+        );
+        assert!((m.step_samples[0].batch - 10.0).abs() < 1e-12);
+        assert!((m.requests_finished_per_second - 2.0).abs() < 1e-12);
     }
 
     #[test]

@@ -5,7 +5,8 @@
 //! moves only when its status changes.
 
 use tidegate_api::status::{
-    AdmissionStatus, InferencePoolStatus, MAX_RECENT_DECISIONS, Measured, ScalingDecision,
+    AdmissionStatus, InferencePoolStatus, MAX_RECENT_DECISIONS, Measured, PodModelStatus,
+    ScalingDecision,
 };
 
 use crate::plan::{Millis, Plan, merge_conditions, to_time};
@@ -41,6 +42,16 @@ pub fn build(
         // MetricsAvailable condition says they are old.
         None => prev.measured.clone(),
     };
+    let pod_model = match &plan.measured {
+        Some(m) => Some(PodModelStatus {
+            // Microsecond resolution: finer churns status, coarser loses a small B.
+            itl_base_seconds: round(m.pod.line.base_seconds, 6),
+            itl_per_sequence_seconds: round(m.pod.line.per_sequence_seconds, 7),
+            sessions_at_slo: round(m.pod.sessions, 1),
+            samples: plan.pod_samples,
+        }),
+        None => prev.pod_model.clone(),
+    };
     let admission = AdmissionStatus {
         state: plan.admission.state,
         since: plan.admission.since.map(to_time),
@@ -68,6 +79,7 @@ pub fn build(
         desired_replicas: plan.desired_replicas,
         selector: Some(workload.selector.clone()).filter(|s| !s.is_empty()),
         measured,
+        pod_model,
         admission: Some(admission),
         last_scale_time: last_scale_time.map(to_time).or(prev.last_scale_time),
         recent_decisions: recent,

@@ -212,7 +212,6 @@ fn pods(names: &[&str]) -> Value {
 fn metrics(running: f64, waiting: f64, tps: f64, pods: i32) -> PoolMetrics {
     PoolMetrics {
         decode_tokens_per_second: tps,
-        saturated_pod_tokens_per_second: vec![],
         running,
         waiting,
         queue_wait_p99_seconds: Some(if waiting > 0.0 { 3.0 } else { 0.01 }),
@@ -221,6 +220,7 @@ fn metrics(running: f64, waiting: f64, tps: f64, pods: i32) -> PoolMetrics {
         overload_refusals_per_second: 0.0,
         pods_reporting: pods,
         sampled_at: NOW,
+        ..PoolMetrics::default()
     }
 }
 

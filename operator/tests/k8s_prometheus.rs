@@ -1,7 +1,8 @@
 //! `PrometheusMetrics` against a real Prometheus server scraping two fake engines (their
 //! /metrics as the engine writes it, with the `namespace`, `pool` and `pod` target labels the
 //! chart's PodMonitor produces): the PromQL parses and evaluates, and the answers map onto
-//! PoolMetrics (per-pod decode rate, saturation, p99 from the histogram, KV use, staleness).
+//! PoolMetrics (per-pod decode rate, the pod model's points from the inter-token latency
+//! histogram, finished requests, p99 from the histogram, KV use, staleness).
 //!
 //! Runs only when TIDEGATE_TEST_PROMETHEUS names a Prometheus binary; otherwise it passes
 //! without doing anything.
@@ -17,18 +18,20 @@ use tidegate_operator::k8s::prometheus::PrometheusMetrics;
 use tidegate_operator::plan::MetricsProblem;
 use tidegate_operator::ports::{MetricsSource, PoolRef};
 
-/// Serves engine metrics: `tps` decode tokens/s, `waiting` queued requests, 10 queue-wait
-/// observations per second of 0.3s each.
-async fn fake_engine(tps: f64, waiting: f64) -> SocketAddr {
+/// Serves engine metrics: `tps` decode tokens/s, each `itl` seconds after the one before it,
+/// `waiting` queued requests, 10 queue-wait observations per second of 0.3s each, and two
+/// completed requests per second.
+async fn fake_engine(tps: f64, waiting: f64, itl: f64) -> SocketAddr {
     let start = Instant::now();
     let app = Router::new().route(
         "/metrics",
         get(move || async move {
             let t = start.elapsed().as_secs_f64();
             let n = (t * 10.0).floor();
+            let tokens = (t * tps).floor();
             format!(
                 "# TYPE tidegate_engine_decode_tokens_total counter\n\
-                 tidegate_engine_decode_tokens_total {}\n\
+                 tidegate_engine_decode_tokens_total {tokens}\n\
                  # TYPE tidegate_engine_requests_running gauge\n\
                  tidegate_engine_requests_running 4\n\
                  # TYPE tidegate_engine_requests_waiting gauge\n\
@@ -44,9 +47,16 @@ async fn fake_engine(tps: f64, waiting: f64) -> SocketAddr {
                  tidegate_engine_queue_wait_seconds_bucket{{tier=\"free\",le=\"0.5\"}} {n}\n\
                  tidegate_engine_queue_wait_seconds_bucket{{tier=\"free\",le=\"+Inf\"}} {n}\n\
                  tidegate_engine_queue_wait_seconds_sum{{tier=\"free\"}} {}\n\
-                 tidegate_engine_queue_wait_seconds_count{{tier=\"free\"}} {n}\n",
-                (t * tps).floor(),
-                n * 0.3
+                 tidegate_engine_queue_wait_seconds_count{{tier=\"free\"}} {n}\n\
+                 # TYPE tidegate_engine_inter_token_latency_seconds histogram\n\
+                 tidegate_engine_inter_token_latency_seconds_bucket{{tier=\"free\",le=\"+Inf\"}} {tokens}\n\
+                 tidegate_engine_inter_token_latency_seconds_sum{{tier=\"free\"}} {}\n\
+                 tidegate_engine_inter_token_latency_seconds_count{{tier=\"free\"}} {tokens}\n\
+                 # TYPE tidegate_engine_requests_total counter\n\
+                 tidegate_engine_requests_total{{tier=\"free\",outcome=\"completed\"}} {}\n",
+                n * 0.3,
+                tokens * itl,
+                (t * 2.0).floor(),
             )
         }),
     );
@@ -90,8 +100,8 @@ async fn promql_against_a_real_prometheus() {
         eprintln!("TIDEGATE_TEST_PROMETHEUS not set; skipping");
         return;
     };
-    let a = fake_engine(100.0, 2.0).await;
-    let b = fake_engine(50.0, 0.0).await;
+    let a = fake_engine(100.0, 2.0, 0.04).await;
+    let b = fake_engine(50.0, 0.0, 0.025).await;
     let dir = tempfile::tempdir().expect("tempdir");
     let config = format!(
         "global:\n  scrape_interval: 1s\n\
@@ -134,10 +144,10 @@ async fn promql_against_a_real_prometheus() {
         match source.read(&pool, &spec, &[], now()).await {
             Ok(m)
                 if m.pods_reporting == 2
-                    && m.saturated_pod_tokens_per_second.len() == 1
+                    && m.step_samples.len() == 2
                     && m.queue_wait_p99_seconds.is_some()
-                    && (120.0..=180.0).contains(&m.decode_tokens_per_second)
-                    && (80.0..=120.0).contains(&m.saturated_pod_tokens_per_second[0]) =>
+                    && m.requests_finished_per_second > 0.0
+                    && (120.0..=180.0).contains(&m.decode_tokens_per_second) =>
             {
                 break m;
             }
@@ -151,10 +161,18 @@ async fn promql_against_a_real_prometheus() {
         (120.0..=180.0).contains(&m.decode_tokens_per_second),
         "{m:?}"
     );
-    let sat = m.saturated_pod_tokens_per_second[0];
+    // Each engine is one point: its running gauge and rate(_sum) ÷ rate(_count).
+    let mut itls: Vec<f64> = m.step_samples.iter().map(|p| p.itl_seconds).collect();
+    itls.sort_by(f64::total_cmp);
     assert!(
-        (80.0..=120.0).contains(&sat),
-        "pod a (waiting 2) is the saturated one: {m:?}"
+        (itls[0] - 0.025).abs() < 1e-6 && (itls[1] - 0.04).abs() < 1e-6,
+        "mean ITL per engine: {m:?}"
+    );
+    assert!(m.step_samples.iter().all(|p| p.batch == 4.0), "{m:?}");
+    // Two per second per engine, give or take a scrape's rounding.
+    assert!(
+        (3.0..=5.0).contains(&m.requests_finished_per_second),
+        "{m:?}"
     );
     assert_eq!(m.running, 8.0);
     assert_eq!(m.waiting, 2.0);

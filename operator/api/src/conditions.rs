@@ -38,6 +38,8 @@ pub mod reasons {
     pub const HOLDING_LAST_DECISION: &str = "HoldingLastDecision";
     // CapacityExhausted
     pub const AT_CEILING_OVER_SLO: &str = "AtCeilingOverSLO";
+    /// Over the SLO while replicas it ordered are still starting (admission.pauseWhileScaling).
+    pub const SCALING_UP_OVER_SLO: &str = "ScalingUpOverSLO";
     pub const HAS_HEADROOM: &str = "HasHeadroom";
     pub const AT_CEILING_WITHIN_SLO: &str = "AtCeilingWithinSLO";
     // TierPolicy Ready

@@ -61,6 +61,9 @@ pub const RESTORE_FAILURE_SOURCES: &[&str] = &["host", "disk"];
 pub const EVICTION_ACTIONS: &[&str] = &["drop", "offload"];
 /// Request outcomes.
 pub const OUTCOMES: &[&str] = &["completed", "cancelled", "rejected", "failed"];
+/// Outcomes of requests that were admitted and have left the engine (every outcome but
+/// `rejected`): their rate, with the running gauge, gives how long a request holds a slot.
+pub const FINISHED_OUTCOMES: &[&str] = &["completed", "cancelled", "failed"];
 /// Rejection reasons that mean the pool is overloaded (what the operator counts as overload
 /// refusals); every other reason is about the request or the tenant.
 pub const OVERLOAD_REASONS: &[&str] = &["queue_full", "queue_timeout"];
@@ -80,6 +83,18 @@ pub const TTFT_BUCKETS: &[f64] = &[
 pub const ITL_BUCKETS: &[f64] = &[
     0.001, 0.0025, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.15, 0.2, 0.3, 0.5, 1.0,
 ];
+
+impl Metric {
+    /// A histogram's `_sum` series (seconds observed in all).
+    pub fn sum_series(&self) -> String {
+        format!("{}_sum", self.name)
+    }
+
+    /// A histogram's `_count` series (observations).
+    pub fn count_series(&self) -> String {
+        format!("{}_count", self.name)
+    }
+}
 
 const fn counter(
     name: &'static str,

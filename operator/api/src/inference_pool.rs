@@ -528,7 +528,14 @@ pub struct Admission {
     #[serde(default = "default_resume_threshold")]
     #[schemars(range(min = 0.0, max = 2.0))]
     pub resume_threshold: f64,
-    /// How long the pool must stay over the pause threshold before pausing.
+    /// Also pause new tenants while replicas the pool ordered are still starting and it is
+    /// over the pause threshold (or queue wait p99 over slo.queueWaitP99): at once, not after
+    /// pauseAfter, and until holdTime under the resume threshold, as at the ceiling. New
+    /// tenants then get 503 + Retry-After for the minutes a replica takes to start instead of
+    /// waiting in a queue that existing tenants need. False pauses only at the ceiling.
+    #[serde(default = "default_true")]
+    pub pause_while_scaling: bool,
+    /// How long the pool must stay over the pause threshold at the ceiling before pausing.
     #[serde(default = "default_pause_after")]
     pub pause_after: Duration,
     /// How long the pool must stay under the resume threshold before reopening.
@@ -573,6 +580,7 @@ impl Default for Admission {
             enabled: true,
             pause_threshold: default_pause_threshold(),
             resume_threshold: default_resume_threshold(),
+            pause_while_scaling: true,
             pause_after: default_pause_after(),
             hold_time: default_hold_time(),
             tenant_memory: default_tenant_memory(),

@@ -34,6 +34,10 @@ pub struct InferencePoolStatus {
     /// What the operator measured at its last decision.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub measured: Option<Measured>,
+    /// The learned pod model: step time against batch occupancy, and what it implies at the
+    /// SLO. Restored by a restarted operator.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub pod_model: Option<PodModelStatus>,
     /// Admission of new tenants.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub admission: Option<AdmissionStatus>,
@@ -56,9 +60,11 @@ pub struct InferencePoolStatus {
 pub struct Measured {
     /// Decode tokens per second produced by the whole pool.
     pub decode_tokens_per_second: f64,
-    /// Learned decode capacity of one replica at saturation, tokens per second.
+    /// Demand one replica serves at the SLO, tokens per second: podModel.sessionsAtSLO ×
+    /// slo.tokensPerSecondPerSession.
     pub per_replica_capacity: f64,
-    /// Demand in decode tokens per second (active sessions × slo.tokensPerSecondPerSession).
+    /// Demand in decode tokens per second: sessions (running, queued, and refused or piling
+    /// up in the queues) × slo.tokensPerSecondPerSession.
     pub demand_tokens_per_second: f64,
     /// Demand ÷ (ready replicas × per-replica capacity).
     pub utilization: f64,
@@ -71,6 +77,23 @@ pub struct Measured {
     /// When the measurements were taken.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub observed_at: Option<Time>,
+}
+
+/// The learned pod model: ITL(k) = itlBaseSeconds + itlPerSequenceSeconds × k.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct PodModelStatus {
+    /// A: the step time of an empty batch, seconds.
+    pub itl_base_seconds: f64,
+    /// B: what each running sequence adds to the step time, seconds.
+    pub itl_per_sequence_seconds: f64,
+    /// k*: sessions a replica holds while each still gets slo.tokensPerSecondPerSession
+    /// (capped by engine.maxBatchSize).
+    #[serde(rename = "sessionsAtSLO")]
+    pub sessions_at_slo: f64,
+    /// Points (one per engine per read) learned from since the operator started.
+    #[serde(default)]
+    pub samples: u64,
 }
 
 /// Admission of new tenants.

@@ -22,7 +22,7 @@ use prometheus_http_query::response::Data;
 use tidegate_api::InferencePoolSpec;
 use tidegate_api::engine_metrics as contract;
 
-use crate::plan::{MetricsProblem, PoolMetrics};
+use crate::plan::{MetricsProblem, PoolMetrics, StepSample};
 use crate::ports::{Endpoint, MetricsSource, PoolRef};
 
 /// How long one PromQL query may take.
@@ -37,8 +37,9 @@ fn escape(v: &str) -> String {
 pub struct Queries {
     /// Decode tokens/s per engine: `sum by (pod, instance) (rate(decode_tokens_total[W]))`.
     pub tokens_per_pod: String,
-    /// Most requests waiting per pod during the window (saturation).
-    pub max_waiting_per_pod: String,
+    /// Mean inter-token latency per engine over the window (the pod model's points, with
+    /// `running_per_pod`): `rate(…_sum) / rate(…_count)`.
+    pub itl_per_pod: String,
     /// Requests running per pod, averaged over the window (also: which pods report).
     pub running_per_pod: String,
     /// Requests waiting per pod, averaged over the window.
@@ -51,6 +52,10 @@ pub struct Queries {
     pub evictions: String,
     /// Overload refusals (queue full, queue timeout) per second.
     pub refusals: String,
+    /// Requests finished (completed, cancelled, failed) per second, pool-wide.
+    pub finished: String,
+    /// How fast the queues grow, requests/s, pool-wide: `deriv` of the waiting gauge.
+    pub waiting_growth: String,
     /// Newest scrape timestamp of the pool's series, seconds.
     pub newest_sample: String,
 }
@@ -74,10 +79,15 @@ impl Queries {
         let evictions = contract::EVICTIONS.series;
         let rejections = contract::REJECTIONS.series;
         let overload = contract::OVERLOAD_REASONS.join("|");
+        let requests = contract::REQUESTS.series;
+        let finished = contract::FINISHED_OUTCOMES.join("|");
+        let itl = &contract::INTER_TOKEN_LATENCY_SECONDS;
+        let (itl_sum, itl_count) = (itl.sum_series(), itl.count_series());
         Queries {
             tokens_per_pod: format!("sum by (pod, instance) (rate({tokens}{{{sel}}}[{w}]))"),
-            max_waiting_per_pod: format!(
-                "max by (pod, instance) (max_over_time({waiting}{{{sel}}}[{w}]))"
+            itl_per_pod: format!(
+                "sum by (pod, instance) (rate({itl_sum}{{{sel}}}[{w}])) / \
+                 sum by (pod, instance) (rate({itl_count}{{{sel}}}[{w}]))"
             ),
             // Gauges are averaged over the same window as the rates: demand then moves with
             // the decode rate it is compared to, and one scrape's noise does not scale a pool
@@ -92,6 +102,8 @@ impl Queries {
             kv_utilization: format!("sum({kv_used}{{{sel}}}) / sum({kv_total}{{{sel}}})"),
             evictions: format!("sum(rate({evictions}{{{sel}}}[{w}]))"),
             refusals: format!("sum(rate({rejections}{{{sel}, reason=~\"{overload}\"}}[{w}]))"),
+            finished: format!("sum(rate({requests}{{{sel}, outcome=~\"{finished}\"}}[{w}]))"),
+            waiting_growth: format!("sum(deriv({waiting}{{{sel}}}[{w}]))"),
             newest_sample: format!("max(timestamp({running}{{{sel}}}))"),
         }
     }
@@ -104,13 +116,15 @@ pub type Series = BTreeMap<String, f64>;
 #[derive(Clone, Debug, Default, PartialEq)]
 pub struct Answers {
     pub tokens_per_pod: Series,
-    pub max_waiting_per_pod: Series,
+    pub itl_per_pod: Series,
     pub running_per_pod: Series,
     pub waiting: Series,
     pub queue_wait_p99: Series,
     pub kv_utilization: Series,
     pub evictions: Series,
     pub refusals: Series,
+    pub finished: Series,
+    pub waiting_growth: Series,
     pub newest_sample: Series,
 }
 
@@ -137,7 +151,7 @@ pub fn only_live(mut a: Answers, live: &[String]) -> Answers {
         })
     };
     keep(&mut a.tokens_per_pod);
-    keep(&mut a.max_waiting_per_pod);
+    keep(&mut a.itl_per_pod);
     keep(&mut a.running_per_pod);
     keep(&mut a.waiting);
     a
@@ -152,25 +166,32 @@ pub fn assemble(a: &Answers) -> Result<PoolMetrics, MetricsProblem> {
         ));
     }
     let tokens: f64 = a.tokens_per_pod.values().filter(|v| v.is_finite()).sum();
-    let saturated = a
-        .tokens_per_pod
+    // One point per engine that produced tokens (an idle one has no latency: 0/0 is NaN).
+    let step_samples = a
+        .itl_per_pod
         .iter()
-        .filter(|(pod, _)| a.max_waiting_per_pod.get(*pod).is_some_and(|w| *w > 0.0))
-        .map(|(_, t)| *t)
-        .filter(|t| t.is_finite())
+        .filter_map(|(pod, itl)| {
+            let batch = a.running_per_pod.get(pod)?;
+            (itl.is_finite() && batch.is_finite()).then_some(StepSample {
+                batch: *batch,
+                itl_seconds: *itl,
+            })
+        })
         .collect();
     let sampled_at = scalar(&a.newest_sample)
         .map(|s| (s * 1000.0).max(0.0) as u64)
         .unwrap_or(0);
     Ok(PoolMetrics {
         decode_tokens_per_second: tokens,
-        saturated_pod_tokens_per_second: saturated,
+        step_samples,
         running: a.running_per_pod.values().filter(|v| v.is_finite()).sum(),
         waiting: a.waiting.values().filter(|v| v.is_finite()).sum(),
         queue_wait_p99_seconds: scalar(&a.queue_wait_p99),
         kv_utilization: scalar(&a.kv_utilization).unwrap_or(0.0),
         evictions_per_second: scalar(&a.evictions).unwrap_or(0.0),
         overload_refusals_per_second: scalar(&a.refusals).unwrap_or(0.0),
+        requests_finished_per_second: scalar(&a.finished).unwrap_or(0.0),
+        waiting_growth_per_second: scalar(&a.waiting_growth).unwrap_or(0.0),
         pods_reporting: a.running_per_pod.len() as i32,
         sampled_at,
     })
@@ -259,28 +280,32 @@ impl MetricsSource for PrometheusMetrics {
             })?;
         let client = self.client(&url)?;
         let q = Queries::new(&pool.namespace, &pool.name, m.rate_window.as_std());
-        let (tokens, max_waiting, running, waiting, p99, kv, evictions, refusals, newest) = futures::join!(
+        let (tokens, itl, running, waiting, p99, kv, evictions, refusals, finished, growth, newest) = futures::join!(
             query(&client, &q.tokens_per_pod),
-            query(&client, &q.max_waiting_per_pod),
+            query(&client, &q.itl_per_pod),
             query(&client, &q.running_per_pod),
             query(&client, &q.waiting),
             query(&client, &q.queue_wait_p99),
             query(&client, &q.kv_utilization),
             query(&client, &q.evictions),
             query(&client, &q.refusals),
+            query(&client, &q.finished),
+            query(&client, &q.waiting_growth),
             query(&client, &q.newest_sample),
         );
         let live: Vec<String> = endpoints.iter().map(|e| e.name.clone()).collect();
         assemble(&only_live(
             Answers {
                 tokens_per_pod: tokens?,
-                max_waiting_per_pod: max_waiting?,
+                itl_per_pod: itl?,
                 running_per_pod: running?,
                 waiting: waiting?,
                 queue_wait_p99: p99?,
                 kv_utilization: kv?,
                 evictions: evictions?,
                 refusals: refusals?,
+                finished: finished?,
+                waiting_growth: growth?,
                 newest_sample: newest?,
             },
             &live,
@@ -325,21 +350,28 @@ mod tests {
         let q = Queries::new("prod", "llama", Duration::from_secs(60));
         let all = [
             &q.tokens_per_pod,
-            &q.max_waiting_per_pod,
+            &q.itl_per_pod,
             &q.running_per_pod,
             &q.waiting,
             &q.queue_wait_p99,
             &q.kv_utilization,
             &q.evictions,
             &q.refusals,
+            &q.finished,
+            &q.waiting_growth,
             &q.newest_sample,
         ];
         for query in all {
             let names = engine_names(query);
             assert!(!names.is_empty(), "{query}");
             for n in names {
+                let of_contract = |m: &contract::Metric| {
+                    m.series == n
+                        || m.kind == contract::Kind::Histogram
+                            && (m.sum_series() == n || m.count_series() == n)
+                };
                 assert!(
-                    contract::ALL.iter().any(|m| m.series == n),
+                    contract::ALL.iter().any(of_contract),
                     "{n} in {query} is not a series of the metrics contract"
                 );
             }
@@ -359,28 +391,40 @@ mod tests {
     }
 
     #[test]
-    fn saturated_pods_are_those_with_waiting_requests() {
+    fn each_engine_with_a_latency_is_a_point_of_the_pod_model() {
         let a = Answers {
-            tokens_per_pod: series(&[("a", 100.0), ("b", 40.0)]),
-            max_waiting_per_pod: series(&[("a", 3.0), ("b", 0.0)]),
-            running_per_pod: series(&[("a", 8.0), ("b", 2.0)]),
+            tokens_per_pod: series(&[("a", 100.0), ("b", 40.0), ("c", 0.0)]),
+            itl_per_pod: series(&[("a", 0.04), ("b", 0.025), ("c", f64::NAN)]),
+            running_per_pod: series(&[("a", 8.0), ("b", 2.0), ("c", 0.0)]),
             waiting: series(&[("", 3.0)]),
             queue_wait_p99: series(&[("", f64::NAN)]),
             kv_utilization: series(&[("", 0.5)]),
             evictions: series(&[("", 0.25)]),
             refusals: series(&[]),
+            finished: series(&[("", 0.5)]),
+            waiting_growth: series(&[("", -0.1)]),
             newest_sample: series(&[("", 1_700_000_000.5)]),
         };
         let m = assemble(&a).expect("metrics");
         assert_eq!(m.decode_tokens_per_second, 140.0);
-        assert_eq!(m.saturated_pod_tokens_per_second, vec![100.0]);
+        // The idle engine (0/0 latency) gives no point.
+        let points: Vec<(f64, f64)> = m
+            .step_samples
+            .iter()
+            .map(|p| (p.batch, p.itl_seconds))
+            .collect();
+        assert_eq!(points, vec![(8.0, 0.04), (2.0, 0.025)]);
+        assert_eq!(
+            (m.requests_finished_per_second, m.waiting_growth_per_second),
+            (0.5, -0.1)
+        );
         assert_eq!(m.running, 10.0);
         assert_eq!(m.waiting, 3.0);
+        assert_eq!(m.pods_reporting, 3);
         assert_eq!(
             m.queue_wait_p99_seconds, None,
             "NaN quantile means nothing queued"
         );
-        assert_eq!(m.pods_reporting, 2);
         assert_eq!(m.sampled_at, 1_700_000_000_500);
         assert_eq!(m.evictions_per_second, 0.25);
     }

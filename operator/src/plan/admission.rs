@@ -1,12 +1,19 @@
 //! The admission state machine: Open ⇄ PausedNewTenants, with hysteresis.
 //!
-//! Open → PausedNewTenants when the pool is at its ceiling and utilization or queue wait has
-//! stayed over the pause threshold for `pauseAfter`. While still over, one more pausable tier
-//! is added every `pauseAfter`, lowest priority first. Back to Open only after utilization
-//! and queue wait have stayed under the resume threshold for `holdTime`. Non-pausable tiers
-//! are never paused. Missing metrics reset both timers and change nothing (fail static).
+//! Open → PausedNewTenants when the pool cannot add what it needs (a [`Constraint`]) and
+//! utilization or queue wait is over the pause threshold:
+//! - at its ceiling, once that has lasted `pauseAfter`;
+//! - while capacity it ordered is still starting (`admission.pauseWhileScaling`), at once:
+//!   the pool has already decided it is short, and new tenants' first requests would only
+//!   wait in the queue for the minutes a replica takes to start.
+//!
+//! While still over, one more pausable tier is added every `pauseAfter`, lowest priority
+//! first. Back to Open only after utilization and queue wait have stayed under the resume
+//! threshold for `holdTime` (or, with no constraint left, under the pause threshold). Non-
+//! pausable tiers are never paused. Missing metrics reset both timers and change nothing
+//! (fail static).
 
-use tidegate_api::{AdmissionState, InferencePoolSpec, TierPolicySpec};
+use tidegate_api::{AdmissionState, Duration, InferencePoolSpec, TierPolicySpec};
 
 use super::{AdmissionPlan, EventKind, EventPlan, MeasuredPlan, Millis};
 
@@ -48,6 +55,27 @@ impl Pressure {
             self.queue_wait_p99,
             self.queue_target
         )
+    }
+}
+
+/// What keeps the pool from adding the capacity it needs right now.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Constraint {
+    /// Nothing: the pool can scale.
+    None,
+    /// At its ceiling (replicas.max or the GPU budget), every replica ready.
+    Ceiling,
+    /// It ordered replicas that are still starting.
+    Arriving,
+}
+
+impl Constraint {
+    fn words(self) -> &'static str {
+        match self {
+            Constraint::None => "with headroom",
+            Constraint::Ceiling => "at the ceiling",
+            Constraint::Arriving => "while ordered replicas are still starting",
+        }
     }
 }
 
@@ -94,7 +122,7 @@ impl AdmissionMachine {
         spec: &InferencePoolSpec,
         tiers: Option<&TierPolicySpec>,
         now: Millis,
-        at_ceiling: bool,
+        constraint: Constraint,
         pressure: Option<&Pressure>,
         may_act: bool,
     ) -> AdmissionPlan {
@@ -135,8 +163,9 @@ impl AdmissionMachine {
         // Drop tiers that no longer exist or are no longer pausable.
         self.paused.retain(|t| pausable.contains(t));
 
-        let over = at_ceiling && p.over_pause(spec);
-        let under = p.under_resume(spec) || !at_ceiling && !p.over_pause(spec);
+        let constrained = constraint != Constraint::None;
+        let over = constrained && p.over_pause(spec);
+        let under = p.under_resume(spec) || !constrained && !p.over_pause(spec);
         self.over_since = if over {
             Some(self.over_since.unwrap_or(now))
         } else {
@@ -150,16 +179,20 @@ impl AdmissionMachine {
 
         match self.state {
             AdmissionState::Open => {
+                let waited = match constraint {
+                    Constraint::Arriving => Duration::ZERO,
+                    _ => spec.admission.pause_after,
+                };
                 if let Some(since) = self.over_since
-                    && now.saturating_sub(since) >= pause_after
+                    && now.saturating_sub(since) >= waited.as_std().as_millis() as u64
                 {
                     self.state = AdmissionState::PausedNewTenants;
                     self.since = Some(now);
                     self.last_escalation = Some(now);
                     self.paused = vec![pausable[0].clone()];
                     self.reason = format!(
-                        "at the ceiling and over the SLO for {}: {}; pausing new tenants of tier {}",
-                        spec.admission.pause_after,
+                        "over the SLO {} for {waited}: {}; pausing new tenants of tier {}",
+                        constraint.words(),
                         p.words(spec),
                         pausable[0]
                     );
@@ -185,7 +218,8 @@ impl AdmissionMachine {
                     self.paused.push(next.clone());
                     self.last_escalation = Some(now);
                     self.reason = format!(
-                        "still over the SLO at the ceiling: {}; also pausing new tenants of tier {next}",
+                        "still over the SLO {}: {}; also pausing new tenants of tier {next}",
+                        constraint.words(),
                         p.words(spec)
                     );
                 }

@@ -7,7 +7,9 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, Time};
 use tidegate_api::conditions::{reasons, status, types};
 use tidegate_api::{AdmissionState, InferencePoolSpec, ScalingMode};
 
-use super::{AdmissionPlan, MeasuredPlan, MetricsProblem, Millis, Observation, PoolMetrics};
+use super::{
+    AdmissionPlan, Constraint, MeasuredPlan, MetricsProblem, Millis, Observation, PoolMetrics,
+};
 
 /// A condition as planned, before timestamps.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -26,7 +28,7 @@ pub(super) struct Inputs<'a> {
     pub desired: i32,
     pub current: i32,
     pub advisory: bool,
-    pub at_ceiling: bool,
+    pub constraint: Constraint,
     pub exhausted_since: Option<Millis>,
     pub ceiling_words: String,
     pub admission: &'a AdmissionPlan,
@@ -161,6 +163,19 @@ fn scaling(i: &Inputs<'_>) -> ConditionPlan {
 fn capacity_exhausted(i: &Inputs<'_>) -> ConditionPlan {
     let (st, reason, message) = match (i.exhausted_since, i.measured) {
         (Some(since), Some(m)) => {
+            let (reason, place) = match i.constraint {
+                Constraint::Arriving => (
+                    reasons::SCALING_UP_OVER_SLO,
+                    format!(
+                        "short of ready replicas ({} of {} ready, the rest starting)",
+                        i.obs.ready_replicas, i.desired
+                    ),
+                ),
+                _ => (
+                    reasons::AT_CEILING_OVER_SLO,
+                    format!("at {}", i.ceiling_words),
+                ),
+            };
             let paused = match i.admission.state {
                 AdmissionState::PausedNewTenants => format!(
                     "; new tenants of tier(s) {} are paused",
@@ -170,10 +185,9 @@ fn capacity_exhausted(i: &Inputs<'_>) -> ConditionPlan {
             };
             (
                 status::TRUE,
-                reasons::AT_CEILING_OVER_SLO,
+                reason,
                 format!(
-                    "at {} since {}: utilization {:.2}, queue p99 {} (target {}){paused}",
-                    i.ceiling_words,
+                    "{place} since {}: utilization {:.2}, queue p99 {} (target {}){paused}",
                     rfc3339(since),
                     m.utilization,
                     m.queue_wait_p99,
@@ -181,7 +195,7 @@ fn capacity_exhausted(i: &Inputs<'_>) -> ConditionPlan {
                 ),
             )
         }
-        _ if i.at_ceiling => (
+        _ if i.constraint == Constraint::Ceiling => (
             status::FALSE,
             reasons::AT_CEILING_WITHIN_SLO,
             format!("at {} and within the SLO", i.ceiling_words),

@@ -11,8 +11,9 @@
 //!   replicas.max and what the GPU budget allows.
 
 mod admission;
-mod capacity;
 mod conditions;
+mod demand;
+mod pod_model;
 mod replicas;
 #[cfg(test)]
 mod tests;
@@ -20,9 +21,10 @@ mod tests;
 use tidegate_api::conditions::{reasons, types};
 use tidegate_api::{AdmissionState, Duration, InferencePoolSpec, ScalingMode, TierPolicySpec};
 
-pub use admission::AdmissionMachine;
-pub use capacity::CapacityModel;
+pub use admission::{AdmissionMachine, Constraint};
 pub use conditions::{ConditionPlan, merge_conditions, rfc3339, to_time};
+pub use demand::Demand;
+pub use pod_model::{AtSlo, Line, PodModel, StepSample};
 pub use replicas::Recommendations;
 
 /// Milliseconds since the Unix epoch: the planner's only notion of time.
@@ -33,9 +35,9 @@ pub type Millis = u64;
 pub struct PoolMetrics {
     /// Decode tokens per second produced by the whole pool.
     pub decode_tokens_per_second: f64,
-    /// Decode tokens per second of the busiest pods, one entry per pod that was saturated
-    /// (requests waiting) during the window; used to learn per-pod capacity.
-    pub saturated_pod_tokens_per_second: Vec<f64>,
+    /// One point per engine that produced tokens during the window: its mean occupancy and
+    /// mean inter-token latency, what the pod model learns its step-time line from.
+    pub step_samples: Vec<StepSample>,
     /// Requests being decoded, summed over pods.
     pub running: f64,
     /// Requests waiting in engine queues, summed over pods.
@@ -46,8 +48,15 @@ pub struct PoolMetrics {
     pub kv_utilization: f64,
     /// KV evictions per second across the pool.
     pub evictions_per_second: f64,
-    /// Requests refused per second for overload (queue full, queue timeout), pool-wide.
+    /// Requests refused per second for overload (queue full, queue timeout), pool-wide:
+    /// demand the pool did not serve, counted as unmet demand.
     pub overload_refusals_per_second: f64,
+    /// Requests that finished per second (completed, cancelled or failed), pool-wide: with
+    /// `running` it gives how long a request holds its slot (Little's law).
+    pub requests_finished_per_second: f64,
+    /// How fast the engines' queues grew over the window (requests/s, pool-wide; negative
+    /// while they drain): arrivals the pool did not keep up with.
+    pub waiting_growth_per_second: f64,
     /// Pods that reported metrics.
     pub pods_reporting: i32,
     /// When the newest sample was taken.
@@ -77,7 +86,7 @@ pub struct Observation {
 /// Everything the planner remembers between ticks for one pool.
 #[derive(Clone, Debug, Default)]
 pub struct PlanState {
-    pub capacity: CapacityModel,
+    pub pod_model: PodModel,
     pub recommendations: Recommendations,
     pub admission: AdmissionMachine,
     pub last_desired: Option<i32>,
@@ -90,6 +99,8 @@ pub struct PlanState {
     pub ceiling_not_ready_since: Option<Millis>,
     /// Whether the ReplicasNotReady warning was emitted for that stretch.
     pub ceiling_not_ready_warned: bool,
+    /// Since when fewer replicas are ready than the planner wants.
+    pub short_of_ready_since: Option<Millis>,
 }
 
 /// Normal or Warning, as Kubernetes Events have it.
@@ -130,13 +141,20 @@ pub struct AdmissionPlan {
 #[derive(Clone, Debug, Default, PartialEq)]
 pub struct MeasuredPlan {
     pub decode_tokens_per_second: f64,
+    /// Demand one replica serves at the SLO: k* × r, tokens/s.
     pub per_replica_capacity: f64,
+    /// Sessions held now (unmet demand and the backlog included) × r, tokens/s.
     pub demand_tokens_per_second: f64,
+    /// Sessions held now ÷ (serving replicas × k*).
     pub utilization: f64,
     pub queue_wait_p99: Duration,
     pub kv_utilization: f64,
     pub evictions_per_second: f64,
     pub observed_at: Millis,
+    /// The pod model's figures at the SLO (its line, k*, capacity).
+    pub pod: AtSlo,
+    /// The load in sessions and steps per second.
+    pub demand: Demand,
 }
 
 /// One tick's output.
@@ -149,6 +167,8 @@ pub struct Plan {
     pub admission: AdmissionPlan,
     /// Present when metrics were available.
     pub measured: Option<MeasuredPlan>,
+    /// Points the pod model has learned from.
+    pub pod_samples: u64,
     pub decision: Option<Decision>,
     pub conditions: Vec<ConditionPlan>,
     pub events: Vec<EventPlan>,
@@ -207,10 +227,8 @@ pub fn plan(
 
     // Measure: learn capacity, compute demand and utilization.
     let measured = metrics.as_ref().ok().map(|m| {
-        state
-            .capacity
-            .observe(spec, m, obs.ready_replicas.max(m.pods_reporting));
-        measure(spec, m, &state.capacity, obs.ready_replicas)
+        state.pod_model.observe(spec, &m.step_samples);
+        measure(spec, m, &state.pod_model, obs.ready_replicas)
     });
 
     // Decide replicas.
@@ -285,10 +303,18 @@ pub fn plan(
         }
     }
 
-    // Admission at the ceiling.
+    // Admission: at the ceiling, or while ordered capacity is still starting.
     let at_ceiling = at_ceiling(spec, obs, desired, ceil, state, &mut events);
+    let constraint = if at_ceiling {
+        Constraint::Ceiling
+    } else if capacity_arriving(spec, obs, desired, state) {
+        Constraint::Arriving
+    } else {
+        Constraint::None
+    };
     let pressure = measured.as_ref().map(|m| admission::Pressure::of(spec, m));
-    let exhausted = at_ceiling && pressure.as_ref().is_some_and(|p| p.over_pause(spec));
+    let over = pressure.as_ref().is_some_and(|p| p.over_pause(spec));
+    let exhausted = constraint != Constraint::None && over;
     if exhausted {
         state.exhausted_since.get_or_insert(now);
     } else if measured.is_some() {
@@ -298,16 +324,21 @@ pub fn plan(
     let before = state.admission.state();
     let admission = state
         .admission
-        .step(spec, tiers, now, at_ceiling, pressure.as_ref(), may_act);
+        .step(spec, tiers, now, constraint, pressure.as_ref(), may_act);
     if admission.state != before {
         events.push(admission::transition_event(&admission));
-    } else if advisory && at_ceiling && pressure.as_ref().is_some_and(|p| p.over_pause(spec)) {
+    } else if advisory && exhausted {
         // Say what Auto mode would have done.
         events.push(EventPlan {
             kind: EventKind::Normal,
             reason: "PauseRecommended",
-            note: "advisory: at the ceiling and over the SLO; Auto mode would pause new tenants"
-                .to_string(),
+            note: format!(
+                "advisory: over the SLO {}; Auto mode would pause new tenants",
+                match constraint {
+                    Constraint::Arriving => "while ordered replicas are starting",
+                    _ => "at the ceiling",
+                }
+            ),
         });
     }
 
@@ -319,7 +350,7 @@ pub fn plan(
         desired,
         current,
         advisory,
-        at_ceiling,
+        constraint,
         exhausted_since: state.exhausted_since.filter(|_| exhausted),
         ceiling_words: ceiling_words(spec),
         admission: &admission,
@@ -340,6 +371,7 @@ pub fn plan(
         desired_replicas: desired,
         admission,
         measured,
+        pod_samples: state.pod_model.samples,
         decision,
         conditions,
         events,
@@ -387,6 +419,25 @@ fn at_ceiling(
     overdue
 }
 
+/// Whether capacity the pool ordered is on its way: fewer replicas ready than it wants, for
+/// less than a start-up may take (`engine.startupGracePeriod`); a replica not ready after
+/// that is most likely unschedulable or crashing, not arriving. Only with
+/// `admission.pauseWhileScaling`.
+fn capacity_arriving(
+    spec: &InferencePoolSpec,
+    obs: &Observation,
+    desired: i32,
+    state: &mut PlanState,
+) -> bool {
+    if desired <= obs.ready_replicas {
+        state.short_of_ready_since = None;
+        return false;
+    }
+    let since = *state.short_of_ready_since.get_or_insert(obs.now);
+    let grace = spec.engine.startup_grace_period.as_std().as_millis();
+    spec.admission.pause_while_scaling && u128::from(obs.now.saturating_sub(since)) < grace
+}
+
 /// Metrics that are present and fresh enough to act on.
 fn fresh_metrics(
     spec: &InferencePoolSpec,
@@ -419,30 +470,25 @@ fn problem_words(p: &MetricsProblem) -> String {
 fn measure(
     spec: &InferencePoolSpec,
     m: &PoolMetrics,
-    cap: &CapacityModel,
+    model: &PodModel,
     ready: i32,
 ) -> MeasuredPlan {
     let r = spec.slo.tokens_per_second_per_session;
-    // Demand counts sessions × r, and a replica holds at most maxBatchSize sessions: however
-    // many tokens/s it could produce, it serves at most maxBatchSize × r of that demand.
-    let per_replica = cap
-        .per_replica()
-        .min(f64::from(spec.engine.max_batch_size.max(1)) * r);
-    let demand = (m.running + m.waiting) * r;
-    let serving = ready.max(m.pods_reporting).max(1) as f64;
+    let at = model.at_slo(spec);
+    let serving = ready.max(m.pods_reporting).max(1);
+    let demand = Demand::of(m, at.line, serving);
+    let sessions = demand.sessions(true);
     MeasuredPlan {
         decode_tokens_per_second: m.decode_tokens_per_second,
-        per_replica_capacity: per_replica,
-        demand_tokens_per_second: demand,
-        utilization: if per_replica > 0.0 {
-            demand / (serving * per_replica)
-        } else {
-            0.0
-        },
+        per_replica_capacity: at.capacity_tokens_per_second,
+        demand_tokens_per_second: sessions * r,
+        utilization: sessions / (f64::from(serving) * at.sessions),
         queue_wait_p99: Duration::from_secs_f64(m.queue_wait_p99_seconds.unwrap_or(0.0)),
         kv_utilization: m.kv_utilization,
         evictions_per_second: m.evictions_per_second,
         observed_at: m.sampled_at,
+        pod: at,
+        demand,
     }
 }
 

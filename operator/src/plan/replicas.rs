@@ -1,15 +1,26 @@
 //! The scaling rule and its stabilization windows.
 //!
-//! required = ceil(demand ÷ (capacity × target utilization)), held at the current count
-//! while demand is within ±10% of what it serves at the target, raised by at least one
-//! replica while p99 queue wait exceeds its target and no replica is on its way (a replica
-//! still starting is the raise of an earlier tick), bounded by [min, ceiling]. The
-//! invariant: while p99 queue wait exceeds its target the requirement is never below the
-//! current count, whether replicas are starting, all ready, or at the ceiling (only a
-//! ceiling lowered below the current count, which `plan` enforces, goes lower). The
-//! stabilized value scales up to the lowest recommendation within the scale-up window
-//! (0s: at once) and down only to the highest recommendation within the scale-down window,
-//! so a steady load never flaps; each move is limited by the max step.
+//! required = the fewest replicas whose predicted occupancy, once the load settles on them,
+//! stays at or under the target: targetUtilization × k* sessions (see `demand` for the
+//! equilibrium and `pod_model` for k*). So the rule plans for where the pool will be, not for
+//! the reading now, which moves with the pool's own size.
+//! - Capacity already ordered counts: while replicas are starting, the queue piling up for
+//!   them (the backlog) is counted at full occupancy (k*), once, not with the target's
+//!   headroom, and sustained demand (running, refused, or arriving faster than served) at the
+//!   target; the count already ordered is held while it covers both, so no tick adds again
+//!   what an earlier raise is bringing.
+//! - Down only to a count whose predicted occupancy stays under (1 − TOLERANCE) × the
+//!   target, so a scale-down lands with room below the target and the noise of a steady load
+//!   does not scale it back up.
+//! - While p99 queue wait exceeds its target: never below the current count (whether
+//!   replicas are starting, all ready, or at the ceiling; only a ceiling lowered below the
+//!   current count, which `plan` enforces, goes lower), and raised by at least one when every
+//!   replica is ready.
+//!
+//! The stabilized value scales up to the lowest recommendation within the scale-up window
+//! (0s: at once) and down only to the highest recommendation within the scale-down window, a
+//! safety net rather than what keeps a steady load still; each move is limited by the max
+//! step.
 
 use std::collections::VecDeque;
 
@@ -17,8 +28,7 @@ use tidegate_api::InferencePoolSpec;
 
 use super::{MeasuredPlan, Millis};
 
-/// Relative demand change, against what the current replicas serve at the target
-/// utilization, that the rule ignores (the same default as the Kubernetes HPA).
+/// Margin under the target occupancy that a scale-down must leave.
 pub const TOLERANCE: f64 = 0.1;
 
 /// Recommendations kept for the stabilization windows.
@@ -58,26 +68,46 @@ pub fn required(
     ready: i32,
     ceiling: i32,
 ) -> (i32, String) {
-    let per_replica = m.per_replica_capacity * spec.slo.target_utilization;
-    let by_demand = if per_replica > 0.0 {
-        (m.demand_tokens_per_second / per_replica).ceil() as i32
-    } else {
-        current
-    };
+    let (line, k_star) = (m.pod.line, m.pod.sessions);
+    let target = spec.slo.target_utilization * k_star;
+    let need = |k: f64, backlog: bool| m.demand.replicas_for(line, k, backlog).ceil() as i32;
+    let by_demand = need(target, true);
     let mut why = format!(
-        "demand {:.0} tok/s ÷ ({:.0} tok/s × {:.2}) = {by_demand}",
-        m.demand_tokens_per_second, m.per_replica_capacity, spec.slo.target_utilization
+        "{:.0} sessions ({:.0} running, {:.0} queued, {:.0} unmet) need {by_demand} replicas at          {:.1} each (target {:.2} × k* {:.1}; ITL {:.1} ms + {:.2} ms × k)",
+        m.demand.sessions(true),
+        m.demand.running,
+        m.demand.waiting,
+        m.demand.unmet,
+        target,
+        spec.slo.target_utilization,
+        k_star,
+        line.base_seconds * 1e3,
+        line.per_sequence_seconds * 1e3,
     );
     let mut wanted = by_demand;
-    // Tolerance: while demand is within ±TOLERANCE of what the current replicas serve at
-    // the target utilization, hold them; the noise of a steady load would otherwise scale
-    // up on every upward blip (the up window is short) and down again a window later.
-    if current > 0 && per_replica > 0.0 && wanted != current {
-        let ratio = m.demand_tokens_per_second / (f64::from(current) * per_replica);
-        if (ratio - 1.0).abs() <= TOLERANCE {
-            wanted = current;
+    let starting = current - ready;
+    if wanted > current && starting > 0 {
+        // The queue needs slots once, when the replicas on their way are ready: counted at
+        // full occupancy (k*), without the target's headroom, which sustained demand gets.
+        let sustained = need(target, false).max(need(k_star, true));
+        wanted = sustained.max(current);
+        why = if sustained > current {
+            format!("{why}; {starting} starting, raised to {sustained} (queue at k*)")
+        } else {
+            format!("{why}; held: {starting} replicas on their way cover it")
+        };
+    } else if wanted < current {
+        let down_to = need(target * (1.0 - TOLERANCE), true);
+        wanted = down_to.min(current);
+        if down_to >= current {
             why = format!(
-                "{why}: within {:.0}% of the current {current}, held",
+                "{why}; held: {} replicas would run over {:.0}% of the target",
+                current - 1,
+                (1.0 - TOLERANCE) * 100.0
+            );
+        } else {
+            why = format!(
+                "{why}; down to {down_to}, {:.0}% under the target",
                 TOLERANCE * 100.0
             );
         }

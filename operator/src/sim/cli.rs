@@ -10,7 +10,7 @@ use super::{SimConfig, Trace, TraceKind, TraceReport, legend, run_trace, steady_
 
 #[derive(Debug, clap::Args)]
 pub struct Args {
-    /// Which trace: tidal, flash, ramp or all.
+    /// Which trace: steady, tidal, flash, ramp or all.
     #[arg(long, default_value = "all")]
     pub trace: String,
     /// Random seed.
@@ -39,7 +39,7 @@ pub struct Args {
 pub fn simulate(args: &Args) -> anyhow::Result<()> {
     let kinds = TraceKind::parse(&args.trace).ok_or_else(|| {
         anyhow::anyhow!(
-            "unknown trace {:?}: expected tidal, flash, ramp or all",
+            "unknown trace {:?}: expected steady, tidal, flash, ramp or all",
             args.trace
         )
     })?;

@@ -17,7 +17,7 @@ use std::collections::VecDeque;
 use tidegate_api::engine_metrics::QUEUE_WAIT_BUCKETS;
 use tidegate_api::exposition::{cumulative_from_counts, histogram_quantile};
 
-use crate::plan::{MetricsProblem, PoolMetrics};
+use crate::plan::{MetricsProblem, PoolMetrics, StepSample};
 
 use super::pool::{PodSample, PodState, Pool};
 
@@ -32,6 +32,7 @@ struct Sample {
     hist: [u64; NB],
     overload: u64,
     evictions: u64,
+    finished: u64,
     running: f64,
     waiting: f64,
     kv: f64,
@@ -48,6 +49,8 @@ pub struct Pipeline {
     hist: [u64; NB],
     pub overload_total: u64,
     pub evictions_total: u64,
+    /// Requests that finished decoding.
+    pub finished_total: u64,
 }
 
 impl Pipeline {
@@ -60,6 +63,7 @@ impl Pipeline {
             hist: [0; NB],
             overload_total: 0,
             evictions_total: 0,
+            finished_total: 0,
         }
     }
 
@@ -83,7 +87,7 @@ impl Pipeline {
         let keep = self.keep_pod_samples();
         let (mut running, mut waiting, mut pods) = (0.0, 0.0, 0);
         for i in 0..pool.pods.len() {
-            let tokens = pool.pod_tokens(i);
+            let (tokens, itl_sum) = (pool.pod_tokens(i), pool.pod_itl_sum(i));
             let pod = &mut pool.pods[i];
             if pod.state != PodState::Ready {
                 pod.samples.clear();
@@ -95,7 +99,7 @@ impl Pipeline {
             let s = PodSample {
                 t_us: now,
                 tokens,
-                waiting: pod.queued(),
+                itl_sum,
                 running: pod.running(),
             };
             pod.samples.push_back(s);
@@ -114,6 +118,7 @@ impl Pipeline {
             hist: self.hist,
             overload: self.overload_total,
             evictions: self.evictions_total,
+            finished: self.finished_total,
             running,
             waiting,
             kv,
@@ -162,15 +167,15 @@ impl Pipeline {
         for (i, d) in delta.iter_mut().enumerate() {
             *d = l.hist[i] - f.hist[i];
         }
-        let saturated = pool
+        let step_samples = pool
             .pods
             .iter()
             .filter(|p| p.state == PodState::Ready)
-            .filter_map(|p| pod_rate(&p.samples, f.t_us, now, true))
+            .filter_map(|p| step_sample(&p.samples, f.t_us, now))
             .collect();
         Ok(PoolMetrics {
             decode_tokens_per_second: (l.tokens - f.tokens) / dt,
-            saturated_pod_tokens_per_second: saturated,
+            step_samples,
             running: self.avg_over_window(now, f.t_us, |s| s.running),
             waiting: self.avg_over_window(now, f.t_us, |s| s.waiting),
             queue_wait_p99_seconds: histogram_quantile(
@@ -180,6 +185,8 @@ impl Pipeline {
             kv_utilization: l.kv,
             evictions_per_second: (l.evictions - f.evictions) as f64 / dt,
             overload_refusals_per_second: (l.overload - f.overload) as f64 / dt,
+            requests_finished_per_second: (l.finished - f.finished) as f64 / dt,
+            waiting_growth_per_second: (l.waiting - f.waiting) / dt,
             pods_reporting: l.pods,
             sampled_at: l.t_us / 1000,
         })
@@ -206,7 +213,7 @@ impl Pipeline {
             .pods
             .iter()
             .filter(|p| p.state == PodState::Ready)
-            .filter_map(|p| pod_rate(&p.samples, f.t_us, now, false))
+            .filter_map(|p| pod_rate(&p.samples, f.t_us, now))
             .collect())
     }
 
@@ -228,21 +235,32 @@ impl Pipeline {
     }
 }
 
-/// A pod's decode rate over the window; with `only_saturated`, None unless it had requests
-/// waiting at some scrape in the window.
-fn pod_rate(s: &VecDeque<PodSample>, from: u64, now: u64, only_saturated: bool) -> Option<f64> {
+/// A pod's decode rate over the window.
+fn pod_rate(s: &VecDeque<PodSample>, from: u64, now: u64) -> Option<f64> {
     let mut it = s.iter().filter(|x| x.t_us >= from && x.t_us <= now);
     let first = it.next()?;
-    let mut last = first;
-    let mut saturated = first.waiting > 0;
-    for x in it {
-        saturated |= x.waiting > 0;
-        last = x;
-    }
-    if last.t_us <= first.t_us || (only_saturated && !saturated) {
+    let last = it.last()?;
+    (last.t_us > first.t_us)
+        .then(|| (last.tokens - first.tokens) / ((last.t_us - first.t_us) as f64 / 1e6))
+}
+
+/// A pod's point for the pod model, as the operator's queries compute it: mean running over
+/// the window, and rate(itl_sum) ÷ rate(itl_count), None when it made no token.
+fn step_sample(s: &VecDeque<PodSample>, from: u64, now: u64) -> Option<StepSample> {
+    let window: Vec<&PodSample> = s
+        .iter()
+        .filter(|x| x.t_us >= from && x.t_us <= now)
+        .collect();
+    let (first, last) = (window.first()?, window.last()?);
+    let tokens = last.tokens - first.tokens;
+    if tokens <= 0.0 {
         return None;
     }
-    Some((last.tokens - first.tokens) / ((last.t_us - first.t_us) as f64 / 1e6))
+    let running = window.iter().map(|x| f64::from(x.running)).sum::<f64>() / window.len() as f64;
+    Some(StepSample {
+        batch: running,
+        itl_seconds: (last.itl_sum - first.itl_sum) / tokens,
+    })
 }
 
 #[cfg(test)]

@@ -29,6 +29,7 @@
 //! - Rates use the first and last sample in the window (no extrapolation).
 
 pub mod cli;
+mod dynamics;
 mod metrics;
 mod policy;
 mod pool;

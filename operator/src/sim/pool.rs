@@ -103,7 +103,7 @@ pub enum PodState {
 pub struct PodSample {
     pub t_us: u64,
     pub tokens: f64,
-    pub waiting: u32,
+    pub itl_sum: f64,
     pub running: u32,
 }
 
@@ -117,6 +117,9 @@ pub struct Pod {
     queued: u32,
     pub ver: u32,
     tokens: f64,
+    /// Inter-token latency summed over every token made (seconds): with `tokens`, what the
+    /// engine's histogram `_sum` and `_count` hold.
+    itl_sum: f64,
     pub samples: VecDeque<PodSample>,
 }
 
@@ -131,6 +134,7 @@ impl Pod {
             queued: 0,
             ver: 0,
             tokens: 0.0,
+            itl_sum: 0.0,
             samples: VecDeque::new(),
         }
     }
@@ -275,9 +279,12 @@ impl Pool {
         if now > pod.last_us {
             let b = pod.running.len() as u32;
             if b > 0 {
-                let dv = (now - pod.last_us) as f64 / 1e6 / model.itl(b);
+                let dt = (now - pod.last_us) as f64 / 1e6;
+                let dv = dt / model.itl(b);
                 pod.v += dv;
                 pod.tokens += dv * f64::from(b);
+                // Each of the dv × b tokens came itl(b) after the one before it.
+                pod.itl_sum += dt * f64::from(b);
                 self.tokens_total += dv * f64::from(b);
             }
             pod.last_us = now;
@@ -475,6 +482,10 @@ impl Pool {
 
     pub fn pod_tokens(&self, p: usize) -> f64 {
         self.pods[p].tokens
+    }
+
+    pub fn pod_itl_sum(&self, p: usize) -> f64 {
+        self.pods[p].itl_sum
     }
 
     /// Requests still queued (for end-of-run accounting).

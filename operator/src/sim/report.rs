@@ -176,6 +176,12 @@ pub struct RunResult {
     /// Seconds from the step to the first scale-up decision (traces with a step).
     pub react_s: Option<f64>,
     pub scale_events: u64,
+    /// A scale-up followed by a scale-down within 10 minutes, or the reverse.
+    pub reversals: u64,
+    /// Replicas ordered beyond what the policy still ran 10–20 minutes later (worst case).
+    pub worst_overshoot: i32,
+    /// The pool's maxScaleUpStep, to compare the overshoot with.
+    pub max_step: i32,
     pub peak_replicas: i32,
     pub pause_transitions: u64,
     pub kv_reuse_hit_rate: Option<f64>,
@@ -223,6 +229,9 @@ impl RunResult {
             },
             react_s,
             scale_events,
+            reversals: 0,
+            worst_overshoot: 0,
+            max_step: 0,
             peak_replicas,
             pause_transitions,
             kv_reuse_hit_rate: (kv.0 + kv.1 > 0).then(|| kv.0 as f64 / (kv.0 + kv.1) as f64),
@@ -279,6 +288,8 @@ pub fn table(results: &[RunResult], baseline: &str) -> String {
         "ovl exist",
         "react",
         "scales",
+        "rev",
+        "overshoot",
         "peak",
     ];
     let rows: Vec<Vec<String>> = results
@@ -302,6 +313,8 @@ pub fn table(results: &[RunResult], baseline: &str) -> String {
                 count(r.refused.overload_existing),
                 secs(r.react_s),
                 r.scale_events.to_string(),
+                r.reversals.to_string(),
+                format!("{}/{}", r.worst_overshoot, r.max_step),
                 r.peak_replicas.to_string(),
             ]
         })

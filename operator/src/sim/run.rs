@@ -15,6 +15,7 @@
 use std::cmp::{Ordering, Reverse};
 use std::collections::BinaryHeap;
 
+use super::dynamics;
 use super::metrics::Pipeline;
 use super::policy::{Controller, Ctx, PolicyKind};
 use super::pool::{Pool, Req, Routed, Started};
@@ -201,6 +202,7 @@ impl Sim<'_> {
         done.clear();
         started.clear();
         if self.pool.complete(pod, ver, now, &mut done, &mut started) {
+            self.pipeline.finished_total += done.len() as u64;
             for s in &started {
                 if s.req.arrival_us >= self.warm {
                     self.stats
@@ -432,7 +434,7 @@ pub fn run(trace: &Trace, policy: PolicyKind, cfg: &SimConfig) -> anyhow::Result
     }
     let pod_hours = sim.pool.pod_hours(end) - hours_at_warm.unwrap_or(0.0);
     let gpu_hours = pod_hours * f64::from(spec.engine.resources.gpus.max(1));
-    let result = RunResult::from_stats(
+    let mut result = RunResult::from_stats(
         trace.kind.name(),
         policy.name(),
         &sim.stats,
@@ -444,5 +446,8 @@ pub fn run(trace: &Trace, policy: PolicyKind, cfg: &SimConfig) -> anyhow::Result
         (sim.kv_hits, sim.kv_misses),
         wall.elapsed().as_secs_f64(),
     );
+    result.reversals = dynamics::reversals(&timeline);
+    result.worst_overshoot = dynamics::worst_overshoot(&timeline);
+    result.max_step = spec.scaling.max_scale_up_step;
     Ok(RunOutput { result, timeline })
 }

@@ -23,7 +23,7 @@ pub enum TraceKind {
     Flash,
     /// Steady growth from new tenants, well beyond the pool's maximum capacity.
     Ramp,
-    /// Constant load (tests).
+    /// Constant load for an hour: a planner must hold it still.
     Steady,
     /// Constant load that steps up (tests).
     Step,
@@ -37,7 +37,13 @@ impl TraceKind {
             "tidal" => vec![TraceKind::Tidal],
             "flash" => vec![TraceKind::Flash],
             "ramp" => vec![TraceKind::Ramp],
-            "all" => vec![TraceKind::Tidal, TraceKind::Flash, TraceKind::Ramp],
+            "steady" => vec![TraceKind::Steady],
+            "all" => vec![
+                TraceKind::Steady,
+                TraceKind::Tidal,
+                TraceKind::Flash,
+                TraceKind::Ramp,
+            ],
             _ => return None,
         })
     }
@@ -86,7 +92,7 @@ impl Trace {
             TraceKind::Tidal => (DAY, 200_000.0, 1000.0, None),
             TraceKind::Flash => (DAY / 2, 200_000.0, 1000.0, Some(4 * 3600)),
             TraceKind::Ramp => (8 * 3600, 80_000.0, 500.0, None),
-            TraceKind::Steady => (2 * 3600, 200_000.0, 1000.0, None),
+            TraceKind::Steady => (3600, 200_000.0, 1000.0, None),
             TraceKind::Step => (2 * 3600, 200_000.0, 1000.0, Some(3600)),
             TraceKind::Ceiling => (3 * 3600, 200_000.0, 250.0, None),
         };

@@ -1,0 +1,99 @@
+//! How a policy moved the pool, from its replica timeline: reversals and overshoot.
+//!
+//! - A reversal is a scale-up followed by a scale-down within `REVERSAL_WINDOW_S`, or the
+//!   reverse: the flapping a steady load must not show.
+//! - Overshoot at time t is what the policy had ordered beyond what it still held a while
+//!   later: current(t) − the most it ran in [t + 10 min, t + 20 min]. Replicas ordered and
+//!   given back within that time were beyond the eventual requirement. A slow tide also
+//!   shows a little (what demand itself lost in the meantime), a few replicas per hundred.
+//!
+//! Invariants: both are computed from ticks inside the trace only; an empty timeline has no
+//! reversal and no overshoot.
+
+use super::run::TimePoint;
+
+/// A scale move in the opposite direction within this many seconds is a reversal.
+pub const REVERSAL_WINDOW_S: f64 = 600.0;
+/// Overshoot compares with what was held this long after ...
+const LATER_FROM_S: f64 = 600.0;
+/// ... up to this long after.
+const LATER_TO_S: f64 = 1200.0;
+
+/// Scale-ups followed by a scale-down (or the reverse) within the window.
+pub fn reversals(timeline: &[TimePoint]) -> u64 {
+    let mut last_up: Option<f64> = None;
+    let mut last_down: Option<f64> = None;
+    let mut n = 0;
+    for w in timeline.windows(2) {
+        let (a, b) = (&w[0], &w[1]);
+        let t = b.t_s;
+        if b.current > a.current {
+            n += u64::from(last_down.is_some_and(|d| t - d <= REVERSAL_WINDOW_S));
+            last_up = Some(t);
+        } else if b.current < a.current {
+            n += u64::from(last_up.is_some_and(|u| t - u <= REVERSAL_WINDOW_S));
+            last_down = Some(t);
+        }
+    }
+    n
+}
+
+/// The largest overshoot over the run, in replicas (0 when there is none).
+pub fn worst_overshoot(timeline: &[TimePoint]) -> i32 {
+    let mut worst = 0;
+    let mut from = 0;
+    for (i, p) in timeline.iter().enumerate() {
+        // The window [t + 10 min, t + 20 min] only moves forward: `from` chases its start.
+        from = from.max(i);
+        while from < timeline.len() && timeline[from].t_s < p.t_s + LATER_FROM_S {
+            from += 1;
+        }
+        let later = timeline[from..]
+            .iter()
+            .take_while(|q| q.t_s <= p.t_s + LATER_TO_S)
+            .map(|q| q.current)
+            .max();
+        if let Some(held) = later {
+            worst = worst.max(p.current - held);
+        }
+    }
+    worst
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::sim::tenants::NTIERS;
+
+    fn timeline(counts: &[(f64, i32)]) -> Vec<TimePoint> {
+        counts
+            .iter()
+            .map(|&(t_s, current)| TimePoint {
+                t_s,
+                current,
+                ready: current,
+                paused: [false; NTIERS],
+            })
+            .collect()
+    }
+
+    #[test]
+    fn an_up_then_down_within_ten_minutes_is_one_reversal() {
+        let flap = timeline(&[(0.0, 5), (60.0, 6), (400.0, 5), (2000.0, 5)]);
+        assert_eq!(reversals(&flap), 1);
+        let slow = timeline(&[(0.0, 5), (60.0, 6), (900.0, 5)]);
+        assert_eq!(reversals(&slow), 0);
+        let monotone = timeline(&[(0.0, 5), (60.0, 6), (120.0, 8)]);
+        assert_eq!(reversals(&monotone), 0);
+        assert_eq!(reversals(&[]), 0);
+    }
+
+    #[test]
+    fn overshoot_is_what_was_given_back_ten_to_twenty_minutes_later() {
+        let mut points = vec![(0.0, 10), (60.0, 30)];
+        points.extend((1..=40).map(|i| (60.0 + 60.0 * f64::from(i), 22)));
+        assert_eq!(worst_overshoot(&timeline(&points)), 8);
+        let held: Vec<(f64, i32)> = (0..40).map(|i| (60.0 * f64::from(i), 12)).collect();
+        assert_eq!(worst_overshoot(&timeline(&held)), 0);
+    }
+}
