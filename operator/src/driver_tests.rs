@@ -8,7 +8,7 @@ use tidegate_api::engine_admin::{AdmittedTenants, DrainState, DrainStatus, Engin
 
 use super::*;
 use crate::plan::{MetricsProblem, PoolMetrics};
-use crate::ports::{ControlError, RegistryError};
+use crate::ports::{ControlError, Endpoint, RegistryError};
 
 /// The world the fakes share.
 #[derive(Default)]
@@ -204,10 +204,21 @@ fn pool() -> PoolRef {
     }
 }
 
+fn input<'a>(pool: &'a PoolRef, spec: &'a InferencePoolSpec, now: Millis) -> TickInput<'a> {
+    TickInput {
+        pool,
+        spec,
+        tiers: None,
+        api_keys: &[],
+        previous: None,
+        generation: None,
+        now,
+    }
+}
+
 async fn tick(d: &FakeDriver, now: Millis) -> TickOutcome {
-    d.tick(&pool(), &spec(), None, &[], None, None, now)
-        .await
-        .expect("tick")
+    let (pool, spec) = (pool(), spec());
+    d.tick(&input(&pool, &spec, now)).await.expect("tick")
 }
 
 const T0: Millis = 1_700_000_000_000;
@@ -289,7 +300,8 @@ async fn a_pool_whose_metrics_hang_does_not_hold_up_another_pool() {
         name: "hangs".into(),
     };
     let spec = spec();
-    let stuck = d.tick(&hangs, &spec, None, &[], None, None, T0);
+    let stuck_input = input(&hangs, &spec, T0);
+    let stuck = d.tick(&stuck_input);
     let other = tokio::time::timeout(std::time::Duration::from_secs(5), tick(&d, T0));
     tokio::select! {
         _ = stuck => panic!("a metrics read that never answers finished"),
@@ -298,4 +310,24 @@ async fn a_pool_whose_metrics_hang_does_not_hold_up_another_pool() {
             assert_eq!(out.workload.replicas, Some(2));
         }
     }
+}
+
+#[tokio::test]
+async fn the_spec_is_reapplied_once_per_generation_at_the_current_count() {
+    let world = Fake::with_replicas(3);
+    // Metrics down: the count holds, so only a re-apply applies anything.
+    world.world().metrics_down = true;
+    let d = driver(&world);
+    let (pool, spec) = (pool(), spec());
+    let at = |generation, now| TickInput {
+        generation: Some(generation),
+        ..input(&pool, &spec, now)
+    };
+    let first = d.tick(&at(1, T0)).await.expect("tick");
+    assert!(first.reapplied, "a new operator applies the spec it found");
+    d.tick(&at(1, T0 + 1_000)).await.expect("tick");
+    assert_eq!(world.world().applied, [(3, vec![])], "once per generation");
+    let changed = d.tick(&at(2, T0 + 2_000)).await.expect("tick");
+    assert!(changed.reapplied);
+    assert_eq!(world.world().applied, [(3, vec![]), (3, vec![])]);
 }
