@@ -22,6 +22,8 @@ use std::sync::{Arc, Mutex};
 
 use tokio::sync::Mutex as AsyncMutex;
 
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
+use tidegate_api::conditions::{status as cstatus, types};
 use tidegate_api::engine_admin::{ApiKeyEntry, EnginePolicy};
 use tidegate_api::status::InferencePoolStatus;
 use tidegate_api::{InferencePoolSpec, TierPolicySpec};
@@ -330,7 +332,8 @@ impl<W: WorkloadRuntime, M: MetricsSource, E: EngineControl, R: RegistryStore> D
 }
 
 /// Rebuilds planner memory from the status an earlier operator wrote (restart loses nothing
-/// that matters: learned capacity and the admission state).
+/// that matters: learned capacity, the admission state and its since, and the scale-down
+/// window).
 fn restore_plan_state(previous: Option<&InferencePoolStatus>) -> PlanState {
     let mut state = PlanState::default();
     let Some(prev) = previous else {
@@ -338,14 +341,32 @@ fn restore_plan_state(previous: Option<&InferencePoolStatus>) -> PlanState {
     };
     if let Some(m) = &prev.measured {
         state.capacity = CapacityModel::restored(m.per_replica_capacity);
+        // The last decision counts in the stabilization windows from when it was measured:
+        // a restart does not let the pool scale down sooner than the earlier operator would
+        // have (a restart mid-window otherwise acts on a single fresh sample).
+        if let Some(at) = &m.observed_at {
+            state
+                .recommendations
+                .record(unix_millis(at), prev.desired_replicas);
+        }
     }
     if let Some(a) = &prev.admission {
-        let since = a.since.as_ref().map(|t| t.0.as_millisecond().max(0) as u64);
+        let since = a.since.as_ref().map(unix_millis);
         state.admission =
             AdmissionMachine::restored(a.state, since, a.reason.clone(), a.paused_tiers.clone());
     }
     state.last_desired = Some(prev.desired_replicas);
+    state.last_scale_time = prev.last_scale_time.as_ref().map(unix_millis);
+    state.metrics_were_available = prev
+        .conditions
+        .iter()
+        .find(|c| c.type_ == types::METRICS_AVAILABLE)
+        .map(|c| c.status == cstatus::TRUE);
     state
+}
+
+fn unix_millis(t: &Time) -> Millis {
+    t.0.as_millisecond().max(0) as u64
 }
 
 #[cfg(test)]
