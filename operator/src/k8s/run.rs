@@ -189,6 +189,8 @@ async fn run(args: RunArgs) -> anyhow::Result<()> {
                 admin_token: random_token().context("making an admin token")?,
                 extra_args: Vec::new(),
                 file_sd_path: args.file_sd.clone(),
+                // A killed operator's engines keep running; the next one adopts them.
+                engine_book: Some(args.local_state_dir.join("engines.json")),
             });
             let driver = Driver::new(
                 runtime,

@@ -6,8 +6,10 @@
 //! Invariants: every engine started here is stopped before the command returns; the
 //! summary counts every request the load generator sent exactly once.
 
+pub mod engine_book;
 pub mod files;
 pub mod loadgen;
+mod process;
 pub mod runtime;
 
 use std::collections::HashMap;
@@ -131,6 +133,8 @@ pub async fn run(args: LocalArgs) -> anyhow::Result<()> {
         )?,
         extra_args: Vec::new(),
         file_sd_path: None,
+        // Local mode stops its engines when it ends: nothing to adopt.
+        engine_book: None,
     });
     let driver = Driver::new(
         runtime,
