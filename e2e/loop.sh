@@ -6,7 +6,9 @@
 # Steps: pool min 1 / max 3 → Ready → load from several tenants → 3 replicas → admission
 # paused (kubectl shows it) → new tenant of a pausable tier 503 with the reason, existing
 # tenant 200 → an engine killed mid-stream (other streams finish, the pool recovers; the load
-# loses no request except those in flight on it) →
+# loses no request except those in flight on it) → the operator killed while the pool is paused
+# and scaling to a raised ceiling, and restarted (it adopts the engines, keeps the admission
+# state and its since and every tenant, and converges without a reversal) →
 # Prometheus stopped (no scale-down, MetricsAvailable=False) and restarted → load stops →
 # admission reopens after the hold time → scale-down drains; in-flight streams complete.
 set -uo pipefail
@@ -113,11 +115,18 @@ check "TierPolicy and InferencePool applied" kubectl -n "$NS" get inferencepool 
 "$ENGINE" gen-random-model --out "$WORK/model" >"$WORK/gen-model.log" 2>&1 ||
     fail "random model generated" "$(cat "$WORK/gen-model.log")"
 
-# --- The operator: watches the API server, runs engines locally.
-RUST_LOG=${RUST_LOG:-info} "$OPERATOR" run --workload local --namespaces "$NS" \
-    --engine-bin "$ENGINE" --local-state-dir "$WORK/local" --file-sd "$TARGETS" \
-    --metrics-listen 127.0.0.1:0 >"$WORK/operator.log" 2>&1 &
-PIDS+=("$!")
+# --- The operator: watches the API server, runs engines locally. Every run appends to one
+# log; a step that needs only its own lines notes where they start (log_mark, log_since).
+start_operator() {
+    RUST_LOG=${RUST_LOG:-info} "$OPERATOR" run --workload local --namespaces "$NS" \
+        --engine-bin "$ENGINE" --local-state-dir "$WORK/local" --file-sd "$TARGETS" \
+        --metrics-listen 127.0.0.1:0 >>"$WORK/operator.log" 2>&1 &
+    OPERATOR_PID=$!
+    PIDS+=("$OPERATOR_PID")
+}
+log_mark() { wc -l <"$WORK/operator.log"; }
+log_since() { tail -n +"$(($1 + 1))" "$WORK/operator.log"; }
+start_operator
 
 jp() { kubectl -n "$NS" get inferencepool "$POOL" -o jsonpath="$1" 2>/dev/null; }
 cond() { jp "{.status.conditions[?(@.type==\"$1\")].status}"; }
@@ -129,6 +138,102 @@ wait_context() {
 }
 is() { [ "$(jp "$1")" = "$2" ]; }
 ge() { [ "$(jp "$1")" -ge "$2" ] 2>/dev/null; }
+
+# registry_tenants: the tenant ids of the pool's registry file, one a line (the encoding of
+# operator/src/registry.rs: deflated; version, tier table, count, newest, front-coded ids).
+registry_tenants() {
+    python3 - "$WORK/local/registry/${NS}_${POOL}.tenants.bin" <<'PY'
+import sys, zlib
+raw = zlib.decompress(open(sys.argv[1], "rb").read(), -15)
+pos = 1
+def varint():
+    global pos
+    n = shift = 0
+    while True:
+        b = raw[pos]
+        pos += 1
+        n |= (b & 0x7F) << shift
+        shift += 7
+        if b < 0x80:
+            return n
+def blob():
+    global pos
+    n = varint()
+    pos += n
+    return raw[pos - n:pos]
+assert raw[0] == 1, "registry format version"
+for _ in range(varint()):
+    blob()
+count, _newest = varint(), varint()
+prev = b""
+for _ in range(count):
+    shared = varint()
+    prev = prev[:shared] + blob()
+    print(prev.decode())
+PY
+}
+
+# kill_operator_mid_scale: raises the ceiling while paused and SIGKILLs the operator once it
+# ordered the 4th replica; notes the admission since and the registry's tenants first.
+kill_operator_mid_scale() {
+    wait_for "paused for new tenants before the restart" 60 is '{.status.admission.state}' PausedNewTenants || return
+    SINCE_BEFORE=$(jp '{.status.admission.since}')
+    TENANTS_BEFORE=$(registry_tenants | sort)
+    kubectl -n "$NS" patch inferencepool "$POOL" --type merge -p '{"spec":{"replicas":{"max":4}}}' >/dev/null
+    local t0=$SECONDS state ready replicas
+    until [ "$(jp '{.status.desiredReplicas}')" = 4 ] || [ $((SECONDS - t0)) -ge 60 ]; do sleep 0.2; done
+    state=$(jp '{.status.admission.state}') ready=$(jp '{.status.readyReplicas}') replicas=$(jp '{.status.replicas}')
+    kill -9 "$OPERATOR_PID"
+    wait "$OPERATOR_PID" 2>/dev/null
+    if [ "$(jp '{.status.desiredReplicas}')" = 4 ] && [ "$state" = PausedNewTenants ] && [ "${ready:-0}" -lt 4 ]; then
+        pass "operator killed while $state and scaling 3 → 4 (desired 4, replicas $replicas, ready $ready)"
+    else
+        fail "operator killed while paused and mid-scale" "desired $(jp '{.status.desiredReplicas}'), state $state, replicas $replicas, ready $ready"
+    fi
+}
+
+# check_restored MARK: the operator started after log line MARK adopted the engines and kept
+# the admission state, its since and every tenant; the engines still apply both.
+check_restored() {
+    local adopted since_after lost code typ
+    adopted=$(log_since "$1" | grep -m1 'adopted the engines' | sed 's/\x1b\[[0-9;]*m//g' | grep -o 'replicas=\[[^]]*\]')
+    [ -n "$adopted" ] && pass "it adopted the running engines ($adopted)" ||
+        fail "it adopted the running engines" "$(log_since "$1" | head -20)"
+    is '{.status.admission.state}' PausedNewTenants && pass "admission still PausedNewTenants after the restart" ||
+        fail "admission still PausedNewTenants after the restart" "$(jp '{.status.admission}')"
+    since_after=$(jp '{.status.admission.since}')
+    [ "$since_after" = "$SINCE_BEFORE" ] && pass "admission since kept across the restart ($SINCE_BEFORE)" ||
+        fail "admission since kept across the restart" "before $SINCE_BEFORE, after $since_after"
+    lost=$(comm -23 <(echo "$TENANTS_BEFORE") <(registry_tenants | sort))
+    [ -z "$lost" ] && pass "no tenant lost from the registry ($(echo "$TENANTS_BEFORE" | grep -c .) before the restart, $(registry_tenants | grep -c .) after)" ||
+        fail "no tenant lost from the registry" "lost: $lost"
+    read -r code typ _ < <(python3 e2e/load.py probe --targets "$TARGETS" --tenant tenant-002 --tier free)
+    [ "$code" = 200 ] && pass "an existing tenant of a paused tier is still admitted: 200" ||
+        fail "an existing tenant of a paused tier is still admitted" "got $code $typ"
+    read -r code typ _ < <(python3 e2e/load.py probe --targets "$TARGETS" --tenant restart-newcomer --tier free)
+    [ "$code" = 503 ] && pass "a new tenant of a paused tier is still refused: 503 $typ" ||
+        fail "a new tenant of a paused tier is still refused" "got $code $typ"
+}
+
+# check_converges MARK: desired stays 4 and the count only climbs until 4 are ready (a
+# reversal would show as a lower desired or a drain in the log after MARK).
+check_converges() {
+    local samples="" d r ok=1 prev=0 downs t0=$SECONDS
+    while [ $((SECONDS - t0)) -lt 90 ]; do
+        d=$(jp '{.status.desiredReplicas}') r=$(jp '{.status.replicas}')
+        samples="$samples $d/$r"
+        { [ "$d" = 4 ] && [ "$r" -ge "$prev" ]; } || ok=0
+        prev=$r
+        [ "$(jp '{.status.readyReplicas}')" = 4 ] && [ $((SECONDS - t0)) -ge 10 ] && break
+        sleep 1
+    done
+    downs=$(log_since "$1" | grep -c -e 'waiting for drain' -e 'drained; scal')
+    if [ "$ok" = 1 ] && [ "$downs" = 0 ] && [ "$(jp '{.status.readyReplicas}')" = 4 ]; then
+        pass "converged on 4 ready replicas without a reversal (desired/replicas:$samples)"
+    else
+        fail "converged on 4 ready replicas without a reversal" "desired/replicas:$samples; scale-down lines: $downs; ready $(jp '{.status.readyReplicas}')"
+    fi
+}
 
 wait_for "an engine comes up and the pool becomes Ready" 120 bash -c "[ \"\$(kubectl -n $NS get inferencepool $POOL -o jsonpath='{.status.conditions[?(@.type==\"Ready\")].status}')\" = True ] && [ \"\$(kubectl -n $NS get inferencepool $POOL -o jsonpath='{.status.readyReplicas}')\" -ge 1 ]"
 
@@ -176,6 +281,29 @@ wait "$VICTIM_STREAM"
 pass "the killed engine's stream ended for its client ($(cat "$WORK/stream-victim.txt"))"
 wait_for "the pool recovers: 3 ready replicas again" 90 ge '{.status.readyReplicas}' 3
 
+# --- Operator restart while paused and mid-scale. The ceiling goes up to 4 while new tenants
+# are paused; the operator is killed (SIGKILL) once it has ordered the 4th replica and before
+# its status shows it ready. The engines keep running, as a Deployment's pods outlive a
+# crashed controller; the next operator adopts them (engine book), restores the admission
+# state and its since from status, keeps every tenant of the registry, and converges on 4
+# without a reversal. Then the ceiling goes back to 3: an adopted engine drains and leaves.
+restart_step() {
+    kill_operator_mid_scale || return
+    RESTART_MARK=$(log_mark)
+    start_operator
+    if wait_for "the restarted operator reconciles" 60 \
+        bash -c "tail -n +$((RESTART_MARK + 1)) '$WORK/operator.log' | grep -q 'reconciled'"; then
+        check_restored "$RESTART_MARK"
+        check_converges "$RESTART_MARK"
+    fi
+    kubectl -n "$NS" patch inferencepool "$POOL" --type merge -p '{"spec":{"replicas":{"max":3}}}' >/dev/null
+    wait_for "ceiling back to 3: an adopted engine drains and leaves" 120 \
+        bash -c "[ \"\$(kubectl -n $NS get inferencepool $POOL -o jsonpath='{.status.replicas}')\" = 3 ] &&
+                 [ \"\$(kubectl -n $NS get inferencepool $POOL -o jsonpath='{.status.readyReplicas}')\" = 3 ] &&
+                 tail -n +$((RESTART_MARK + 1)) '$WORK/operator.log' | grep -q 'adopted engine exited'"
+}
+restart_step
+
 # --- Prometheus outage: fail static, then recovery. The load goes on: an operator that read
 # "no data" as "no demand" would scale down now.
 desired_before=$(jp '{.status.desiredReplicas}')
@@ -205,6 +333,7 @@ for i in $(seq 0 $((n - 1))); do
     streams+=("$!")
 done
 wait "$LOAD_PID"
+SCALE_DOWN_MARK=$(log_mark)
 wait_for "the pool scales down" 120 bash -c "[ \"\$(kubectl -n $NS get inferencepool $POOL -o jsonpath='{.status.replicas}')\" -lt 3 ]"
 for i in "${!streams[@]}"; do wait "${streams[$i]}"; done
 # A stream refused at its start (503: that engine was already draining) was never in flight.
@@ -217,7 +346,7 @@ else
 fi
 # The operator logs the scale-down as done once every drained replica has left.
 wait_for "the removed engines were asked to drain and left only when drained" 90 \
-    bash -c "grep -q 'drained; scal' '$WORK/operator.log' && cat '$WORK'/local/logs/*.log | grep -q 'draining grace'"
+    bash -c "tail -n +$((SCALE_DOWN_MARK + 1)) '$WORK/operator.log' | grep -q 'drained; scal' && cat '$WORK'/local/logs/*.log | grep -q 'draining grace'"
 wait_for "admission reopens after the hold time" 90 is '{.status.admission.state}' Open
 
 echo "       load outcomes: $(tr -d '\n ' <"$WORK/load.json")"

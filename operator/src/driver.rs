@@ -1,36 +1,58 @@
-//! The per-pool control loop step, over the ports: observe → measure → plan → act → report.
-//! The same code runs under the Kubernetes controller and in local mode.
+//! The per-pool control loop step, over the ports: observe → plan → decide → execute →
+//! report. The same code runs under the Kubernetes controller and in local mode. What to do
+//! is decided by the pure functions of [`decide`]; this file only observes and carries out.
 //!
 //! Invariants:
 //! - A replica is removed only after it was asked to drain and reported Drained, or its
 //!   drain grace period ran out; until then the pool keeps its current count.
+//! - Victims of a scale-down are chosen once and kept until removed.
 //! - Engines get the tier policy, admission state and tenant registry whenever it changes
 //!   and at least every `PUSH_EVERY_MS`, so a restarted engine catches up within that time.
 //! - The registry is saved whenever it changed, before the tick reports success.
 //! - A failing engine admin call is logged and retried next tick; it never fails the tick.
+//! - A spec change that keeps the replica count still reaches the workload: the driver
+//!   re-applies the spec once per generation (and once after an operator restart).
 //! - Ticks of different pools run concurrently; ticks of one pool run one at a time (each
 //!   pool's memory has its own lock), so a slow pool never holds up the others.
 
-use std::collections::{BTreeMap, HashMap};
+mod decide;
+
+use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 
 use tokio::sync::Mutex as AsyncMutex;
 
-use tidegate_api::engine_admin::{AdmissionPush, ApiKeyEntry, DrainState, EnginePolicy};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
+use tidegate_api::conditions::{status as cstatus, types};
+use tidegate_api::engine_admin::{ApiKeyEntry, EnginePolicy};
 use tidegate_api::status::InferencePoolStatus;
 use tidegate_api::{InferencePoolSpec, TierPolicySpec};
 use tracing::{info, warn};
 
 use crate::plan::{self, AdmissionMachine, Line, Millis, Observation, Plan, PlanState, PodModel};
 use crate::ports::{
-    Endpoint, EngineControl, MetricsSource, PoolRef, RegistryStore, RuntimeError, WorkloadRuntime,
+    EngineControl, MetricsSource, PoolRef, RegistryStore, RuntimeError, WorkloadRuntime,
     WorkloadState,
 };
 use crate::registry::Registry;
 use crate::status_build;
 
-/// Longest time between two pushes of the same policy to an engine.
-pub const PUSH_EVERY_MS: Millis = 30_000;
+pub use decide::PUSH_EVERY_MS;
+use decide::{ActionMemory, Actions, DecideInput, DrainAnswer, DrainCall, ReplicaAction, Victim};
+
+/// One tick's input: the pool as the API server (or the manifest) has it now.
+#[derive(Clone, Copy, Debug)]
+pub struct TickInput<'a> {
+    pub pool: &'a PoolRef,
+    pub spec: &'a InferencePoolSpec,
+    pub tiers: Option<&'a TierPolicySpec>,
+    pub api_keys: &'a [ApiKeyEntry],
+    /// The status the previous tick (or an earlier operator) wrote.
+    pub previous: Option<&'a InferencePoolStatus>,
+    /// The pool's metadata.generation.
+    pub generation: Option<i64>,
+    pub now: Millis,
+}
 
 /// What one tick decided and reports.
 #[derive(Clone, Debug)]
@@ -41,6 +63,9 @@ pub struct TickOutcome {
     /// Replicas being drained before removal.
     pub draining: Vec<String>,
     pub registry_size: usize,
+    /// The spec was re-applied at the current count (its generation changed, or this
+    /// operator had not applied it yet).
+    pub reapplied: bool,
 }
 
 /// Errors that fail a tick (the caller retries with backoff).
@@ -66,9 +91,7 @@ impl DriverError {
 struct PoolMemory {
     plan: PlanState,
     registry: Option<Registry>,
-    last_push: Option<(EnginePolicy, Millis)>,
-    /// Replica name → when its drain started.
-    draining: BTreeMap<String, Millis>,
+    actions: ActionMemory,
 }
 
 /// The control loop step for many pools.
@@ -117,190 +140,200 @@ impl<W: WorkloadRuntime, M: MetricsSource, E: EngineControl, R: RegistryStore> D
             .clone()
     }
 
-    /// One tick for one pool.
-    #[allow(clippy::too_many_arguments)]
-    pub async fn tick(
-        &self,
-        pool: &PoolRef,
-        spec: &InferencePoolSpec,
-        tiers: Option<&TierPolicySpec>,
-        api_keys: &[ApiKeyEntry],
-        previous: Option<&InferencePoolStatus>,
-        generation: Option<i64>,
-        now: Millis,
-    ) -> Result<TickOutcome, DriverError> {
-        let slot = self.memory(pool, previous);
+    /// One tick for one pool: observe → plan → decide → execute → report.
+    pub async fn tick(&self, input: &TickInput<'_>) -> Result<TickOutcome, DriverError> {
+        let TickInput {
+            pool, spec, now, ..
+        } = *input;
+        let slot = self.memory(pool, input.previous);
         let mut guard = slot.lock().await;
         let mem = &mut *guard;
+
         let workload = self.runtime.observe(pool).await?;
         let token = self.runtime.admin_token(pool).await.unwrap_or_default();
         let metrics = self
             .metrics
             .read(pool, spec, &workload.endpoints, now)
             .await;
-        // Replicas being drained are leaving: plan as if they were gone already.
-        let current = workload.replicas.unwrap_or(0);
         let obs = Observation {
             now,
-            current_replicas: current,
+            current_replicas: workload.replicas.unwrap_or(0),
             ready_replicas: workload.ready_replicas,
             metrics,
         };
-        let plan = plan::plan(spec, tiers, &obs, &mut mem.plan);
+        let plan = plan::plan(spec, input.tiers, &obs, &mut mem.plan);
         info!(pool = %pool, decision = %plan.explanation, "plan");
 
-        // Act on replicas.
-        let target = plan.replicas;
-        if target >= current {
-            if !mem.draining.is_empty() {
-                let names: Vec<&String> = mem.draining.keys().collect();
-                let still_here = workload
-                    .endpoints
-                    .iter()
-                    .any(|e| mem.draining.contains_key(&e.name));
-                if still_here {
-                    // A started drain cannot be undone: the engine leaves when it is done.
-                    info!(pool = %pool, replicas = ?names, "scale-down no longer wanted; draining replicas finish and leave");
-                } else {
-                    info!(pool = %pool, removed = ?names, to = target, "drained; scaled down");
-                }
-                mem.draining.clear();
-            }
-            if target != current || workload.replicas.is_none() {
-                self.runtime.apply(pool, spec, target, &[]).await?;
-            }
-        } else {
-            // Victims are chosen once and kept until removed, so a drain is never abandoned
-            // half-way because readiness changed (a draining engine stops being ready). A
-            // victim that is gone already (it crashed, or was removed) is forgotten.
-            mem.draining
-                .retain(|name, _| workload.endpoints.iter().any(|e| &e.name == name));
-            let wanted = (current - target) as usize;
-            let mut victims: Vec<Endpoint> = workload
-                .endpoints
-                .iter()
-                .filter(|e| mem.draining.contains_key(&e.name))
-                .cloned()
-                .collect();
-            if victims.is_empty() {
-                victims = pick_victims(&workload.endpoints, wanted);
-            }
-            victims.truncate(wanted);
-            let grace_ms = spec.engine.drain_grace_period.as_std().as_millis() as u64;
-            let mut all_done = true;
-            for v in &victims {
-                let started = *mem.draining.entry(v.name.clone()).or_insert(now);
-                let done = if started == now {
-                    match self.control.drain(v, &token, grace_ms / 1000).await {
-                        Ok(s) => s.state == DrainState::Drained,
-                        Err(e) => {
-                            warn!(pool = %pool, error = %e, "drain request failed; removing after the grace period");
-                            false
-                        }
-                    }
-                } else {
-                    match self.control.drain_status(v, &token).await {
-                        Ok(s) => s.state == DrainState::Drained,
-                        Err(_) => !v.ready,
-                    }
-                };
-                let expired = now.saturating_sub(started) >= grace_ms;
-                all_done &= done || expired;
-            }
-            if all_done {
-                let names: Vec<String> = victims.iter().map(|v| v.name.clone()).collect();
-                info!(pool = %pool, removed = ?names, to = target, "drained; scaling down");
-                self.runtime.apply(pool, spec, target, &names).await?;
-                mem.draining.clear();
-            } else {
-                info!(pool = %pool, draining = ?mem.draining.keys().collect::<Vec<_>>(), "waiting for drain before scale-down");
-            }
-        }
-
-        // Registry: load once, merge what engines admitted, forget the old, save on change.
-        if mem.registry.is_none() {
-            mem.registry = Some(self.registry.load(pool).await?);
-        }
-        let registry = mem.registry.get_or_insert_with(Registry::default);
-        let before = registry.clone();
-        for ep in workload.endpoints.iter().filter(|e| e.ready) {
-            let since = registry.watermarks.get(&ep.name).copied().unwrap_or(0);
-            match self.control.tenants_since(ep, &token, since).await {
-                Ok(report) => {
-                    let added = registry.merge(&ep.name, &report);
-                    if added > 0 {
-                        info!(pool = %pool, engine = %ep.name, added, total = registry.len(), "new tenants admitted");
-                    }
-                }
-                Err(e) => warn!(pool = %pool, error = %e, "could not collect admitted tenants"),
-            }
-        }
-        let window = spec.admission.tenant_memory.as_std().as_millis() as u64;
-        registry.prune(now, window);
-        let live: Vec<&str> = workload.endpoints.iter().map(|e| e.name.as_str()).collect();
-        registry
-            .watermarks
-            .retain(|k, _| live.contains(&k.as_str()));
-        if *registry != before {
-            self.registry.save(pool, registry).await?;
-        }
-
-        // Push policy + admission + registry to every ready engine.
-        let policy = EnginePolicy {
-            tier_policy: tiers.cloned(),
-            api_keys: api_keys.to_vec(),
-            admission: AdmissionPush {
-                state: plan.admission.state,
-                paused_tiers: plan.admission.paused_tiers.clone(),
-                retry_after_seconds: spec.admission.retry_after.as_std().as_secs().max(1),
-                reason: plan.admission.reason.clone(),
-            },
-            admitted_tenants: registry.tenant_ids(),
-        };
-        let due = match &mem.last_push {
-            Some((last, at)) => *last != policy || now.saturating_sub(*at) >= PUSH_EVERY_MS,
-            None => true,
-        };
-        if due {
-            let mut ok = true;
-            for ep in workload.endpoints.iter().filter(|e| e.ready) {
-                if let Err(e) = self.control.push_policy(ep, &token, &policy).await {
-                    warn!(pool = %pool, error = %e, "policy push failed; retrying next tick");
-                    ok = false;
-                }
-            }
-            if ok {
-                mem.last_push = Some((policy, now));
-            }
+        let actions = decide::decide(&DecideInput {
+            spec,
+            target: plan.replicas,
+            workload: &workload,
+            memory: &mem.actions,
+            generation: input.generation,
+            now,
+        });
+        let reapplied = self
+            .execute_replicas(input, &token, actions, &mut mem.actions)
+            .await?;
+        let registry = self
+            .execute_registry(input, &workload, &token, &mut mem.registry)
+            .await?;
+        let policy =
+            decide::policy_for(spec, input.tiers, input.api_keys, &plan.admission, registry);
+        if decide::push_due(mem.actions.last_push.as_ref(), &policy, now)
+            && self.push_policy(pool, &workload, &token, &policy).await
+        {
+            mem.actions.last_push = Some((policy, now));
         }
 
         let status = status_build::build(
-            previous,
+            input.previous,
             &plan,
             &workload,
-            generation,
+            input.generation,
             now,
             mem.plan.last_scale_time,
         );
         Ok(TickOutcome {
             plan,
             status,
-            draining: mem.draining.keys().cloned().collect(),
+            draining: mem.actions.draining.keys().cloned().collect(),
             registry_size: registry.len(),
             workload,
+            reapplied,
         })
+    }
+
+    /// Carries out the replica actions: drain calls, then the removal once due, or the
+    /// scale-up; the spec is re-applied when nothing else was. Returns whether it was.
+    async fn execute_replicas(
+        &self,
+        input: &TickInput<'_>,
+        token: &str,
+        actions: Actions,
+        memory: &mut ActionMemory,
+    ) -> Result<bool, DriverError> {
+        let TickInput { pool, spec, .. } = *input;
+        memory.draining = actions.draining;
+        if let Some(ended) = &actions.ended_drains {
+            if ended.still_running {
+                info!(pool = %pool, replicas = ?ended.names, "scale-down no longer wanted; draining replicas finish and leave");
+            } else {
+                info!(pool = %pool, removed = ?ended.names, to = ended.to, "drained; scaled down");
+            }
+        }
+        let applied = match actions.replicas {
+            ReplicaAction::Hold => false,
+            ReplicaAction::Apply { replicas } => {
+                self.runtime.apply(pool, spec, replicas, &[]).await?;
+                true
+            }
+            ReplicaAction::RemoveWhenDrained { to, victims } => {
+                let answers = self.drain_calls(pool, spec, token, &victims).await;
+                let names: Vec<String> = victims.iter().map(|v| v.endpoint.name.clone()).collect();
+                if decide::removal_due(&victims, &answers) {
+                    info!(pool = %pool, removed = ?names, to, "drained; scaling down");
+                    self.runtime.apply(pool, spec, to, &names).await?;
+                    memory.draining.clear();
+                    true
+                } else {
+                    info!(pool = %pool, draining = ?memory.draining.keys().collect::<Vec<_>>(), "waiting for drain before scale-down");
+                    false
+                }
+            }
+        };
+        let reapply = actions.reapply_at.filter(|_| !applied);
+        if let Some(current) = reapply {
+            info!(pool = %pool, replicas = current, generation = ?input.generation, "re-applying the spec at the current count");
+            self.runtime.apply(pool, spec, current, &[]).await?;
+        }
+        if applied || reapply.is_some() {
+            memory.applied_generation = input.generation;
+        }
+        Ok(reapply.is_some())
+    }
+
+    /// Makes each victim's drain call; a failure is logged and answered as such.
+    async fn drain_calls(
+        &self,
+        pool: &PoolRef,
+        spec: &InferencePoolSpec,
+        token: &str,
+        victims: &[Victim],
+    ) -> Vec<DrainAnswer> {
+        let grace_s = spec.engine.drain_grace_period.as_std().as_secs();
+        let mut answers = Vec::with_capacity(victims.len());
+        for v in victims {
+            let answer = match v.call {
+                DrainCall::Start => self.control.drain(&v.endpoint, token, grace_s).await,
+                DrainCall::Poll => self.control.drain_status(&v.endpoint, token).await,
+            };
+            answers.push(match answer {
+                Ok(s) => DrainAnswer::Answered(s.state),
+                Err(e) => {
+                    if v.call == DrainCall::Start {
+                        warn!(pool = %pool, error = %e, "drain request failed; removing after the grace period");
+                    }
+                    DrainAnswer::Failed
+                }
+            });
+        }
+        answers
+    }
+
+    /// The registry: loaded once, merged with what the ready engines admitted since their
+    /// last answer, saved when it changed.
+    async fn execute_registry<'m>(
+        &self,
+        input: &TickInput<'_>,
+        workload: &WorkloadState,
+        token: &str,
+        slot: &'m mut Option<Registry>,
+    ) -> Result<&'m Registry, DriverError> {
+        let pool = input.pool;
+        let registry = match slot {
+            Some(r) => r,
+            None => slot.insert(self.registry.load(pool).await?),
+        };
+        let mut reports = Vec::new();
+        for (ep, since) in decide::collect_from(workload, registry) {
+            match self.control.tenants_since(&ep, token, since).await {
+                Ok(report) => reports.push((ep.name, report)),
+                Err(e) => warn!(pool = %pool, error = %e, "could not collect admitted tenants"),
+            }
+        }
+        let merged = decide::merge_reports(registry, &reports, workload, input.spec, input.now);
+        for (engine, added) in &merged.added {
+            info!(pool = %pool, engine = %engine, added, total = registry.len(), "new tenants admitted");
+        }
+        if merged.changed {
+            self.registry.save(pool, registry).await?;
+        }
+        Ok(registry)
+    }
+
+    /// Pushes the policy to every ready engine; true when every push succeeded.
+    async fn push_policy(
+        &self,
+        pool: &PoolRef,
+        workload: &WorkloadState,
+        token: &str,
+        policy: &EnginePolicy,
+    ) -> bool {
+        let mut ok = true;
+        for ep in workload.endpoints.iter().filter(|e| e.ready) {
+            if let Err(e) = self.control.push_policy(ep, token, policy).await {
+                warn!(pool = %pool, error = %e, "policy push failed; retrying next tick");
+                ok = false;
+            }
+        }
+        ok
     }
 }
 
-/// Replicas to remove on a scale-down: not-ready ones first, then the newest names.
-fn pick_victims(endpoints: &[Endpoint], n: usize) -> Vec<Endpoint> {
-    let mut eps: Vec<&Endpoint> = endpoints.iter().collect();
-    eps.sort_by(|a, b| a.ready.cmp(&b.ready).then_with(|| b.name.cmp(&a.name)));
-    eps.into_iter().take(n).cloned().collect()
-}
-
 /// Rebuilds planner memory from the status an earlier operator wrote (restart loses nothing
-/// that matters: the learned pod model and the admission state).
+/// that matters: the learned pod model, the admission state and its since, and the
+/// scale-down window).
 fn restore_plan_state(previous: Option<&InferencePoolStatus>) -> PlanState {
     let mut state = PlanState::default();
     let Some(prev) = previous else {
@@ -312,13 +345,33 @@ fn restore_plan_state(previous: Option<&InferencePoolStatus>) -> PlanState {
             per_sequence_seconds: m.itl_per_sequence_seconds,
         });
     }
+    if let Some(m) = &prev.measured {
+        // The last decision counts in the stabilization windows from when it was measured:
+        // a restart does not let the pool scale down sooner than the earlier operator would
+        // have (a restart mid-window otherwise acts on a single fresh sample).
+        if let Some(at) = &m.observed_at {
+            state
+                .recommendations
+                .record(unix_millis(at), prev.desired_replicas);
+        }
+    }
     if let Some(a) = &prev.admission {
-        let since = a.since.as_ref().map(|t| t.0.as_millisecond().max(0) as u64);
+        let since = a.since.as_ref().map(unix_millis);
         state.admission =
             AdmissionMachine::restored(a.state, since, a.reason.clone(), a.paused_tiers.clone());
     }
     state.last_desired = Some(prev.desired_replicas);
+    state.last_scale_time = prev.last_scale_time.as_ref().map(unix_millis);
+    state.metrics_were_available = prev
+        .conditions
+        .iter()
+        .find(|c| c.type_ == types::METRICS_AVAILABLE)
+        .map(|c| c.status == cstatus::TRUE);
     state
+}
+
+fn unix_millis(t: &Time) -> Millis {
+    t.0.as_millisecond().max(0) as u64
 }
 
 #[cfg(test)]

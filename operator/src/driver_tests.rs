@@ -1,6 +1,8 @@
 //! Driver scenarios over fake ports (no I/O): a replica is removed only after it drained, a
-//! drain victim that vanished is forgotten and replaced, a metrics outage removes nothing, and
-//! one pool's hanging tick does not hold up another's.
+//! drain victim that vanished is forgotten and replaced, a metrics outage removes nothing,
+//! one pool's hanging tick does not hold up another's, the spec is re-applied once per
+//! generation, and a restarted operator keeps the admission state and its since, the
+//! scale-down window and every tenant of the stored registry.
 
 use std::sync::{Arc, Mutex, MutexGuard};
 
@@ -8,7 +10,8 @@ use tidegate_api::engine_admin::{AdmittedTenants, DrainState, DrainStatus, Engin
 
 use super::*;
 use crate::plan::{MetricsProblem, PoolMetrics};
-use crate::ports::{ControlError, RegistryError};
+use crate::ports::{ControlError, Endpoint, RegistryError};
+use tidegate_api::AdmissionState;
 
 /// The world the fakes share.
 #[derive(Default)]
@@ -23,6 +26,10 @@ struct World {
     drained: Vec<String>,
     metrics_down: bool,
     next_name: usize,
+    /// What the registry store holds.
+    stored_registry: Registry,
+    /// Every policy pushed, in order.
+    pushed: Vec<EnginePolicy>,
 }
 
 impl World {
@@ -128,8 +135,9 @@ impl EngineControl for Fake {
         &self,
         _ep: &Endpoint,
         _token: &str,
-        _policy: &EnginePolicy,
+        policy: &EnginePolicy,
     ) -> Result<(), ControlError> {
+        self.world().pushed.push(policy.clone());
         Ok(())
     }
 
@@ -170,10 +178,11 @@ impl EngineControl for Fake {
 
 impl RegistryStore for Fake {
     async fn load(&self, _pool: &PoolRef) -> Result<Registry, RegistryError> {
-        Ok(Registry::default())
+        Ok(self.world().stored_registry.clone())
     }
 
-    async fn save(&self, _pool: &PoolRef, _registry: &Registry) -> Result<(), RegistryError> {
+    async fn save(&self, _pool: &PoolRef, registry: &Registry) -> Result<(), RegistryError> {
+        self.world().stored_registry = registry.clone();
         Ok(())
     }
 }
@@ -204,10 +213,21 @@ fn pool() -> PoolRef {
     }
 }
 
+fn input<'a>(pool: &'a PoolRef, spec: &'a InferencePoolSpec, now: Millis) -> TickInput<'a> {
+    TickInput {
+        pool,
+        spec,
+        tiers: None,
+        api_keys: &[],
+        previous: None,
+        generation: None,
+        now,
+    }
+}
+
 async fn tick(d: &FakeDriver, now: Millis) -> TickOutcome {
-    d.tick(&pool(), &spec(), None, &[], None, None, now)
-        .await
-        .expect("tick")
+    let (pool, spec) = (pool(), spec());
+    d.tick(&input(&pool, &spec, now)).await.expect("tick")
 }
 
 const T0: Millis = 1_700_000_000_000;
@@ -289,7 +309,8 @@ async fn a_pool_whose_metrics_hang_does_not_hold_up_another_pool() {
         name: "hangs".into(),
     };
     let spec = spec();
-    let stuck = d.tick(&hangs, &spec, None, &[], None, None, T0);
+    let stuck_input = input(&hangs, &spec, T0);
+    let stuck = d.tick(&stuck_input);
     let other = tokio::time::timeout(std::time::Duration::from_secs(5), tick(&d, T0));
     tokio::select! {
         _ = stuck => panic!("a metrics read that never answers finished"),
@@ -298,4 +319,159 @@ async fn a_pool_whose_metrics_hang_does_not_hold_up_another_pool() {
             assert_eq!(out.workload.replicas, Some(2));
         }
     }
+}
+
+#[tokio::test]
+async fn the_spec_is_reapplied_once_per_generation_at_the_current_count() {
+    let world = Fake::with_replicas(3);
+    // Metrics down: the count holds, so only a re-apply applies anything.
+    world.world().metrics_down = true;
+    let d = driver(&world);
+    let (pool, spec) = (pool(), spec());
+    let at = |generation, now| TickInput {
+        generation: Some(generation),
+        ..input(&pool, &spec, now)
+    };
+    let first = d.tick(&at(1, T0)).await.expect("tick");
+    assert!(first.reapplied, "a new operator applies the spec it found");
+    d.tick(&at(1, T0 + 1_000)).await.expect("tick");
+    assert_eq!(world.world().applied, [(3, vec![])], "once per generation");
+    let changed = d.tick(&at(2, T0 + 2_000)).await.expect("tick");
+    assert!(changed.reapplied);
+    assert_eq!(world.world().applied, [(3, vec![]), (3, vec![])]);
+}
+
+/// A pool with a scale-down window and pausable tiers, and the status an earlier operator
+/// wrote for it: 3 replicas desired (measured 2 s ago), new tenants of `free` paused since
+/// `paused_since`.
+fn restart_scene(paused_since: Millis) -> (InferencePoolSpec, TierPolicySpec, InferencePoolStatus) {
+    let spec: InferencePoolSpec = serde_saphyr::from_str(
+        r#"
+model: {name: m, uri: "file:///m"}
+engine: {image: e, drainGracePeriod: 10m}
+replicas: {min: 1, max: 3}
+slo: {tokensPerSecondPerSession: 20, queueWaitP99: 1s, targetUtilization: 0.7}
+scaling: {interval: 1s, scaleDownStabilization: 60s, maxScaleDownStep: 1, capacityHintTokensPerSecond: 1000}
+admission: {holdTime: 30s}
+"#,
+    )
+    .expect("spec");
+    let tiers: TierPolicySpec = serde_saphyr::from_str(
+        r#"
+defaultTier: free
+tiers:
+  - {name: standard, priority: 50}
+  - {name: free, priority: 10}
+"#,
+    )
+    .expect("tiers");
+    let previous: InferencePoolStatus = serde_json::from_value(serde_json::json!({
+        "replicas": 3,
+        "readyReplicas": 3,
+        "desiredReplicas": 3,
+        "measured": tidegate_api::status::Measured {
+            per_replica_capacity: 1000.0,
+            observed_at: Some(crate::plan::to_time(T0 - 2_000)),
+            ..Default::default()
+        },
+        "admission": {
+            "state": "PausedNewTenants",
+            "since": crate::plan::rfc3339(paused_since),
+            "reason": "at the ceiling and over the SLO",
+            "pausedTiers": ["free"],
+        },
+    }))
+    .expect("status");
+    (spec, tiers, previous)
+}
+
+#[tokio::test]
+async fn a_restarted_operator_keeps_the_admission_state_and_its_since() {
+    let paused_since = T0 - 120_000;
+    let (spec, tiers, previous) = restart_scene(paused_since);
+    let world = Fake::with_replicas(3);
+    let d = driver(&world);
+    let pool = pool();
+    let out = d
+        .tick(&TickInput {
+            tiers: Some(&tiers),
+            previous: Some(&previous),
+            ..input(&pool, &spec, T0)
+        })
+        .await
+        .expect("tick");
+    assert_eq!(out.plan.admission.state, AdmissionState::PausedNewTenants);
+    assert_eq!(out.plan.admission.since, Some(paused_since));
+    assert_eq!(out.plan.admission.paused_tiers, ["free"]);
+    let pushed = world.world().pushed.last().cloned().expect("a push");
+    assert_eq!(pushed.admission.state, AdmissionState::PausedNewTenants);
+}
+
+#[tokio::test]
+async fn a_restarted_operator_waits_out_the_scale_down_window_it_found() {
+    let (spec, tiers, previous) = restart_scene(T0 - 120_000);
+    let world = Fake::with_replicas(3);
+    let d = driver(&world);
+    let pool = pool();
+    let mut status = previous;
+    // The light load wants 1 replica; the window from before the restart holds 3 until it
+    // has passed (60 s after the last measurement, 2 s before the restart).
+    for now in [T0, T0 + 30_000, T0 + 57_000] {
+        let out = d
+            .tick(&TickInput {
+                tiers: Some(&tiers),
+                previous: Some(&status),
+                ..input(&pool, &spec, now)
+            })
+            .await
+            .expect("tick");
+        assert_eq!(out.plan.replicas, 3, "at {}s", (now - T0) / 1000);
+        status = out.status;
+    }
+    assert!(world.world().drain_calls.is_empty());
+    let out = d
+        .tick(&TickInput {
+            tiers: Some(&tiers),
+            previous: Some(&status),
+            ..input(&pool, &spec, T0 + 59_000)
+        })
+        .await
+        .expect("tick");
+    assert_eq!(out.plan.replicas, 2, "the window has passed");
+}
+
+#[tokio::test]
+async fn a_restarted_operator_pushes_every_tenant_of_the_stored_registry() {
+    let world = Fake::with_replicas(2);
+    let admitted = |tenant: &str| tidegate_api::engine_admin::AdmittedTenant {
+        tenant: tenant.into(),
+        tier: "free".into(),
+        first_admitted_ms: T0 - 60_000,
+    };
+    world.world().stored_registry.merge(
+        "e-before-restart",
+        &AdmittedTenants {
+            now_ms: T0 - 60_000,
+            tenants: vec![admitted("tenant-a"), admitted("tenant-b")],
+        },
+    );
+    let d = driver(&world);
+    tick(&d, T0).await;
+    let w = world.world();
+    let pushed = w.pushed.last().expect("a push");
+    assert_eq!(pushed.admitted_tenants, ["tenant-a", "tenant-b"]);
+    assert_eq!(w.stored_registry.tenant_ids(), ["tenant-a", "tenant-b"]);
+}
+
+#[test]
+fn a_restart_keeps_the_learned_pod_model() {
+    let status: InferencePoolStatus = serde_json::from_value(serde_json::json!({
+        "desiredReplicas": 3,
+        "podModel": {"itlBaseSeconds": 0.012, "itlPerSequenceSeconds": 0.0021, "sessionsAtSLO": 18.1, "samples": 900}
+    }))
+    .expect("status");
+    let state = restore_plan_state(Some(&status));
+    let line = state.pod_model.line(&spec());
+    assert_eq!(line.base_seconds, 0.012);
+    assert_eq!(line.per_sequence_seconds, 0.0021);
 }

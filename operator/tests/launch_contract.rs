@@ -199,6 +199,7 @@ fn check_local(pool: &InferencePool) {
         admin_token: "t".to_string(),
         extra_args: Vec::new(),
         file_sd_path: None,
+        engine_book: None,
     });
     let pref = PoolRef {
         namespace: "ns".to_string(),

@@ -4,16 +4,16 @@
 //! otherwise left alone → record its owner reference → load its TierPolicy (missing: Ready=False
 //! TierPolicyNotFound; unreadable: Ready=False TierPolicyInvalid and Invalid on the policy;
 //! either way reconcile on with no tiers) → read API keys from the policy's Secret
-//! → tick the driver (observe, measure, plan, drain, act, push, persist) → re-apply the
-//! workload when the spec changed without a replica change → patch status → publish plan
-//! events → record metrics → requeue after spec.scaling.interval.
+//! → tick the driver (observe, plan, decide, then drain, scale or re-apply the spec, collect
+//! and persist the registry, push) → patch status → publish plan events → record metrics →
+//! requeue after spec.scaling.interval.
 //!
 //! Invariants:
 //! - At most one tick per pool per interval: watch events that arrive sooner (our own status
 //!   patch, owned-object churn) are debounced unless the pool's generation changed or its
 //!   TierPolicy changed. This keeps status patches from re-triggering reconciles in a loop.
-//! - The driver is shared by all pools behind one async mutex: ticks are serialized, which
-//!   keeps the engine pushes and registry writes of one pool from racing.
+//! - Ticks of one pool are serialized by the driver (each pool's memory has its own lock),
+//!   which keeps the engine pushes and registry writes of one pool from racing.
 //! - Events never fail a reconcile (see `events`).
 
 use std::collections::{HashMap, HashSet};
@@ -37,7 +37,7 @@ use super::api_keys::parse_api_keys;
 use super::events::EventSink;
 use super::metrics::OperatorMetrics;
 use super::owners::OwnerBook;
-use crate::driver::{Driver, DriverError, TickOutcome};
+use crate::driver::{Driver, DriverError, TickInput};
 use crate::plan::{ConditionPlan, Millis, merge_conditions};
 use crate::ports::{EngineControl, MetricsSource, PoolRef, RegistryStore, WorkloadRuntime};
 
@@ -84,8 +84,6 @@ impl Error {
 struct PoolBook {
     /// When the last tick ran, and for which generation.
     last_tick: Option<(Instant, Option<i64>)>,
-    /// Generation whose spec the workload was last applied with.
-    applied_generation: Option<i64>,
     /// Consecutive failures, for backoff.
     failures: u32,
 }
@@ -280,12 +278,6 @@ fn mark_policy_problem(
         .extend(merged.into_iter().filter(|c| c.type_ == types::READY));
 }
 
-/// Whether the driver already applied the workload this tick.
-fn driver_applied(outcome: &TickOutcome) -> bool {
-    let current = outcome.workload.replicas;
-    current.is_none() || (outcome.draining.is_empty() && Some(outcome.plan.replicas) != current)
-}
-
 /// Reconciles one InferencePool: reports it when it cannot be read, ticks it otherwise.
 pub async fn reconcile<W, M, E, R>(
     obj: Arc<Lenient<InferencePool>>,
@@ -364,37 +356,18 @@ where
 
     let now = (ctx.clock)();
     let previous = pool.status.as_ref();
-    let (outcome, reapplied) = {
-        let driver = &ctx.driver;
-        let outcome = driver
-            .tick(
-                &pref,
-                &pool.spec,
-                tiers.as_ref(),
-                &keys,
-                previous,
-                generation,
-                now,
-            )
-            .await?;
-        // A spec change (image, resources…) that did not change replicas still rolls out.
-        let applied_gen = ctx.with_book(&pref, |b| b.applied_generation);
-        let mut reapplied = false;
-        if driver_applied(&outcome) {
-            ctx.with_book(&pref, |b| b.applied_generation = generation);
-        } else if applied_gen != generation
-            && let Some(current) = outcome.workload.replicas
-        {
-            driver
-                .runtime
-                .apply(&pref, &pool.spec, current, &[])
-                .await
-                .map_err(DriverError::from)?;
-            ctx.with_book(&pref, |b| b.applied_generation = generation);
-            reapplied = true;
-        }
-        (outcome, reapplied)
-    };
+    let outcome = ctx
+        .driver
+        .tick(&TickInput {
+            pool: &pref,
+            spec: &pool.spec,
+            tiers: tiers.as_ref(),
+            api_keys: &keys,
+            previous,
+            generation,
+            now,
+        })
+        .await?;
 
     let mut status = outcome.status.clone();
     mark_policy_problem(&mut status, previous, &policy, now, generation);
@@ -419,7 +392,7 @@ where
         desired = outcome.plan.desired_replicas,
         admission = outcome.plan.admission.state.as_str(),
         tier_policy_problem = !matches!(policy, Policy::Found(_)),
-        reapplied,
+        reapplied = outcome.reapplied,
         decision = %outcome.plan.explanation,
         "reconciled"
     );

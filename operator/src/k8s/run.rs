@@ -83,7 +83,8 @@ pub struct RunArgs {
     /// --workload local: the tidegate-engine binary (default: next to this binary).
     #[arg(long, env = "TIDEGATE_ENGINE_BIN")]
     pub engine_bin: Option<PathBuf>,
-    /// --workload local: folder for engine logs and tenant registries.
+    /// --workload local: folder for engine logs, tenant registries and the engine book (the
+    /// engines a killed operator left running, which the next one adopts).
     #[arg(long, default_value = ".tidegate-local")]
     pub local_state_dir: PathBuf,
     /// --workload local: write the engines' /metrics targets here (Prometheus file_sd).
@@ -189,6 +190,8 @@ async fn run(args: RunArgs) -> anyhow::Result<()> {
                 admin_token: random_token().context("making an admin token")?,
                 extra_args: Vec::new(),
                 file_sd_path: args.file_sd.clone(),
+                // A killed operator's engines keep running; the next one adopts them.
+                engine_book: Some(args.local_state_dir.join("engines.json")),
             });
             let driver = Driver::new(
                 runtime,

@@ -6,8 +6,10 @@
 //! Invariants: every engine started here is stopped before the command returns; the
 //! summary counts every request the load generator sent exactly once.
 
+pub mod engine_book;
 pub mod files;
 pub mod loadgen;
+mod process;
 pub mod runtime;
 
 use std::collections::HashMap;
@@ -20,7 +22,7 @@ use tokio::sync::watch;
 use tracing::info;
 
 use crate::direct_metrics::DirectMetrics;
-use crate::driver::{Driver, TickOutcome};
+use crate::driver::{Driver, TickInput, TickOutcome};
 use crate::engine_client::HttpEngineControl;
 use crate::ports::{Endpoint, PoolRef};
 use files::FileRegistry;
@@ -131,6 +133,8 @@ pub async fn run(args: LocalArgs) -> anyhow::Result<()> {
         )?,
         extra_args: Vec::new(),
         file_sd_path: None,
+        // Local mode stops its engines when it ends: nothing to adopt.
+        engine_book: None,
     });
     let driver = Driver::new(
         runtime,
@@ -204,18 +208,17 @@ pub async fn run(args: LocalArgs) -> anyhow::Result<()> {
             _ = ticker.tick() => {}
             _ = tokio::signal::ctrl_c() => { println!("interrupted"); break; }
         }
-        let out = match driver
-            .tick(
-                &pref,
-                &pool.spec,
-                tiers.as_ref(),
-                &[],
-                status.as_ref(),
-                Some(1),
-                now_ms(),
-            )
-            .await
-        {
+        let input = TickInput {
+            pool: &pref,
+            spec: &pool.spec,
+            tiers: tiers.as_ref(),
+            api_keys: &[],
+            previous: status.as_ref(),
+            // The manifest is read once: one generation for the whole run.
+            generation: Some(1),
+            now: now_ms(),
+        };
+        let out = match driver.tick(&input).await {
             Ok(out) => out,
             Err(e) => {
                 println!("tick failed: {e} (retrying)");

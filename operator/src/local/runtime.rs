@@ -6,9 +6,13 @@
 //! (`tidegate_api::engine_launch`), as a pod's do, at a loopback site: the same pool fields
 //! reach a local engine with the same meaning as in a cluster.
 //!
+//! With an engine book (`run --workload local`), the runtime records its engines there and
+//! adopts the live ones at start: an operator that was killed mid-flight is followed by one
+//! that takes its engines over, as a Deployment's pods outlive a crashed controller.
+//!
 //! Invariants: a removed replica gets SIGTERM (the engine drains in-flight requests) and
-//! is killed only if it outlives the pool's drain grace period; every child is killed when
-//! the runtime is dropped, so no engine outlives local mode.
+//! is killed only if it outlives the pool's drain grace period; every engine, child or
+//! adopted, is killed when the runtime is dropped, so no engine outlives a clean shutdown.
 
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
@@ -17,10 +21,12 @@ use std::time::Duration;
 
 use tidegate_api::InferencePoolSpec;
 use tidegate_api::engine_launch::{EnvValue, LaunchSite, READYZ_PATH, engine_launch};
-use tokio::process::{Child, Command};
+use tokio::process::Command;
 use tokio::sync::Mutex;
 use tracing::{info, warn};
 
+use super::engine_book::{EngineBook, PoolEntry, ReplicaEntry};
+use super::process::{Process, ProcessState};
 use crate::ports::{Endpoint, PoolRef, RuntimeError, WorkloadRuntime, WorkloadState};
 
 /// How local engines are started.
@@ -39,6 +45,9 @@ pub struct LocalRuntimeConfig {
     /// When set, the engines' /metrics targets are written here in Prometheus file_sd
     /// format (labels `namespace`, `pool` and `pod`), so a real Prometheus can scrape them.
     pub file_sd_path: Option<PathBuf>,
+    /// When set, the engines are recorded here, and those still running when the runtime
+    /// starts are adopted (with the admin token they were started with).
+    pub engine_book: Option<PathBuf>,
 }
 
 /// One replica's process: program, arguments and environment.
@@ -55,7 +64,7 @@ struct Replica {
     name: String,
     api_port: u16,
     admin_port: u16,
-    child: Child,
+    process: Process,
 }
 
 #[derive(Default)]
@@ -72,25 +81,36 @@ pub struct LocalRuntime {
     cfg: LocalRuntimeConfig,
     pools: Mutex<HashMap<PoolRef, LocalPool>>,
     http: reqwest::Client,
+    /// The engine book as last written, to write it only when it changes.
+    book_written: Mutex<Option<EngineBook>>,
 }
 
 impl LocalRuntime {
-    pub fn new(cfg: LocalRuntimeConfig) -> Self {
+    /// A runtime; with an engine book, it starts with the engines of the book still running.
+    pub fn new(mut cfg: LocalRuntimeConfig) -> Self {
+        let book = cfg.engine_book.as_deref().and_then(EngineBook::load);
+        let pools = book.map(|b| adopt(&mut cfg, b)).unwrap_or_default();
         LocalRuntime {
             cfg,
-            pools: Mutex::new(HashMap::new()),
+            pools: Mutex::new(pools),
             http: reqwest::Client::builder()
                 .timeout(Duration::from_millis(800))
                 .build()
                 .unwrap_or_else(|_| reqwest::Client::new()),
+            book_written: Mutex::new(None),
         }
+    }
+
+    /// The admin token engines accept (an adopted book's, if engines were adopted).
+    pub fn token(&self) -> &str {
+        &self.cfg.admin_token
     }
 
     /// Kills one replica of a pool without draining it (failure injection for tests/demo).
     pub async fn crash_one(&self, pool: &PoolRef) -> Option<String> {
         let mut pools = self.pools.lock().await;
         let r = pools.get_mut(pool)?.replicas.first_mut()?;
-        let _ = r.child.start_kill();
+        r.process.kill_now();
         Some(r.name.clone())
     }
 
@@ -211,7 +231,7 @@ impl LocalRuntime {
             name,
             api_port,
             admin_port,
-            child,
+            process: Process::Child(child),
         })
     }
 
@@ -244,6 +264,39 @@ impl LocalRuntime {
         }
     }
 
+    /// Rewrites the engine book when what it records changed.
+    async fn write_book(&self) {
+        let Some(path) = &self.cfg.engine_book else {
+            return;
+        };
+        let book = {
+            let pools = self.pools.lock().await;
+            let mut entries: Vec<PoolEntry> = pools
+                .iter()
+                .map(|(pref, p)| PoolEntry {
+                    namespace: pref.namespace.clone(),
+                    name: pref.name.clone(),
+                    desired: p.desired,
+                    next_index: p.next_index,
+                    replicas: p.replicas.iter().filter_map(replica_entry).collect(),
+                })
+                .collect();
+            entries.sort_by(|a, b| (&a.namespace, &a.name).cmp(&(&b.namespace, &b.name)));
+            EngineBook {
+                admin_token: self.cfg.admin_token.clone(),
+                pools: entries,
+            }
+        };
+        let mut written = self.book_written.lock().await;
+        if written.as_ref() == Some(&book) {
+            return;
+        }
+        match book.save(path) {
+            Ok(()) => *written = Some(book),
+            Err(e) => warn!(path = %path.display(), error = %e, "could not write the engine book"),
+        }
+    }
+
     async fn ready(&self, r: &Replica) -> bool {
         matches!(
             self.http.get(format!("http://127.0.0.1:{}{READYZ_PATH}", r.api_port)).send().await,
@@ -254,11 +307,73 @@ impl LocalRuntime {
 
 impl Drop for LocalRuntime {
     fn drop(&mut self) {
-        // kill_on_drop ends every child; nothing may outlive local mode.
+        // kill_on_drop ends every child, and adopted engines are killed here: nothing may
+        // outlive a clean shutdown.
         if let Ok(mut pools) = self.pools.try_lock() {
+            for r in pools.values_mut().flat_map(|p| p.replicas.iter_mut()) {
+                if matches!(r.process, Process::Adopted { .. }) {
+                    r.process.kill_now();
+                }
+            }
             pools.clear();
         }
     }
+}
+
+/// The pools of `book` with the engines that still run; takes the book's admin token when
+/// any engine is adopted (they accept no other).
+fn adopt(cfg: &mut LocalRuntimeConfig, book: EngineBook) -> HashMap<PoolRef, LocalPool> {
+    let mut pools = HashMap::new();
+    let mut adopted = 0;
+    for entry in book.pools {
+        let pref = PoolRef {
+            namespace: entry.namespace,
+            name: entry.name,
+        };
+        let replicas: Vec<Replica> = entry
+            .replicas
+            .into_iter()
+            .filter(|r| super::process::engine_alive(r.pid, r.api_port))
+            .map(|r| Replica {
+                process: Process::Adopted {
+                    pid: r.pid,
+                    api_port: r.api_port,
+                },
+                name: r.name,
+                api_port: r.api_port,
+                admin_port: r.admin_port,
+            })
+            .collect();
+        if replicas.is_empty() {
+            continue;
+        }
+        adopted += replicas.len();
+        let names: Vec<&str> = replicas.iter().map(|r| r.name.as_str()).collect();
+        info!(pool = %pref, replicas = ?names, desired = entry.desired, "adopted the engines an earlier operator started");
+        pools.insert(
+            pref,
+            LocalPool {
+                desired: entry.desired,
+                // Known at the first apply: until then a crashed replica is not replaced.
+                spec: None,
+                next_index: entry.next_index,
+                replicas,
+            },
+        );
+    }
+    if adopted > 0 {
+        cfg.admin_token = book.admin_token;
+    }
+    pools
+}
+
+fn replica_entry(r: &Replica) -> Option<ReplicaEntry> {
+    Some(ReplicaEntry {
+        name: r.name.clone(),
+        pid: r.process.pid()?,
+        api_port: r.api_port,
+        admin_port: r.admin_port,
+    })
 }
 
 fn free_port() -> Result<u16, RuntimeError> {
@@ -270,22 +385,8 @@ fn free_port() -> Result<u16, RuntimeError> {
 }
 
 /// SIGTERM now (the engine drains), SIGKILL after `grace` if still running.
-fn stop_replica(mut r: Replica, grace: Duration) {
-    if let Some(pid) = r.child.id() {
-        let _ = std::process::Command::new("kill")
-            .arg("-TERM")
-            .arg(pid.to_string())
-            .status();
-    }
-    tokio::spawn(async move {
-        match tokio::time::timeout(grace, r.child.wait()).await {
-            Ok(Ok(status)) => info!(replica = %r.name, %status, "engine exited"),
-            _ => {
-                warn!(replica = %r.name, "engine outlived its drain grace period; killing it");
-                let _ = r.child.kill().await;
-            }
-        }
-    });
+fn stop_replica(r: Replica, grace: Duration) {
+    r.process.stop(r.name, grace);
 }
 
 impl WorkloadRuntime for LocalRuntime {
@@ -300,18 +401,25 @@ impl WorkloadRuntime for LocalRuntime {
         // A replica whose process exited is gone.
         // An engine that exits 0 finished a drain: it is retired, not replaced (the driver
         // drains replicas only to remove them). Any other exit is a crash: replaced below.
+        // An adopted engine that is gone counts as retired too (how it ended is not known):
+        // if it crashed, the driver sees one replica fewer than it wants and orders it again.
         let mut retired = 0;
-        p.replicas.retain_mut(|r| match r.child.try_wait() {
-            Ok(Some(status)) if status.success() => {
+        p.replicas.retain_mut(|r| match r.process.state() {
+            ProcessState::Running => true,
+            ProcessState::Succeeded => {
                 info!(pool = %pool, replica = %r.name, "engine drained and exited");
                 retired += 1;
                 false
             }
-            Ok(Some(status)) => {
+            ProcessState::Gone => {
+                info!(pool = %pool, replica = %r.name, "adopted engine exited; counted as retired");
+                retired += 1;
+                false
+            }
+            ProcessState::Failed(status) => {
                 warn!(pool = %pool, replica = %r.name, %status, "engine process exited");
                 false
             }
-            _ => true,
         });
         p.desired -= retired;
         // Replace what crashed, as a ReplicaSet would.
@@ -334,6 +442,7 @@ impl WorkloadRuntime for LocalRuntime {
         }
         drop(pools);
         self.write_file_sd().await;
+        self.write_book().await;
         let pools = self.pools.lock().await;
         let desired = pools.get(pool).map_or(0, |p| p.desired);
         Ok(WorkloadState {
@@ -372,10 +481,16 @@ impl WorkloadRuntime for LocalRuntime {
             let r = self.spawn(pool, spec, index)?;
             p.replicas.push(r);
         }
+        drop(pools);
+        self.write_book().await;
         Ok(())
     }
 
     async fn admin_token(&self, _pool: &PoolRef) -> Result<String, RuntimeError> {
-        Ok(self.cfg.admin_token.clone())
+        Ok(self.token().to_string())
     }
 }
+
+#[cfg(test)]
+#[path = "runtime_tests.rs"]
+mod tests;
