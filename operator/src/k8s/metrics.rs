@@ -51,6 +51,9 @@ pub struct OperatorMetrics {
     pub desired_replicas: Family<PoolLabels, Gauge>,
     pub ready_replicas: Family<PoolLabels, Gauge>,
     pub capacity: Family<PoolLabels, FloatGauge>,
+    pub itl_base: Family<PoolLabels, FloatGauge>,
+    pub itl_per_sequence: Family<PoolLabels, FloatGauge>,
+    pub sessions_at_slo: Family<PoolLabels, FloatGauge>,
     pub utilization: Family<PoolLabels, FloatGauge>,
     pub queue_wait_p99: Family<PoolLabels, FloatGauge>,
     pub admission_paused: Family<PoolLabels, Gauge>,
@@ -73,6 +76,9 @@ impl OperatorMetrics {
             desired_replicas: Family::default(),
             ready_replicas: Family::default(),
             capacity: Family::default(),
+            itl_base: Family::default(),
+            itl_per_sequence: Family::default(),
+            sessions_at_slo: Family::default(),
             utilization: Family::default(),
             queue_wait_p99: Family::default(),
             admission_paused: Family::default(),
@@ -98,8 +104,23 @@ impl OperatorMetrics {
         );
         r.register(
             "capacity_tokens_per_second",
-            "Learned per-replica decode capacity (T)",
+            "Demand one replica serves at the SLO: sessions at the SLO × r",
             m.capacity.clone(),
+        );
+        r.register(
+            "pod_itl_base_seconds",
+            "Learned pod model: step time of an empty batch (A in ITL = A + B·k)",
+            m.itl_base.clone(),
+        );
+        r.register(
+            "pod_itl_per_sequence_seconds",
+            "Learned pod model: step time each running sequence adds (B in ITL = A + B·k)",
+            m.itl_per_sequence.clone(),
+        );
+        r.register(
+            "pod_sessions_at_slo",
+            "Sessions a replica holds while each still gets the SLO's tokens/s (k*)",
+            m.sessions_at_slo.clone(),
         );
         r.register(
             "utilization",
@@ -148,6 +169,11 @@ impl OperatorMetrics {
             .set(outcome.workload.ready_replicas.into());
         if let Some(m) = &plan.measured {
             self.capacity.get_or_create(&l).set(m.per_replica_capacity);
+            self.itl_base.get_or_create(&l).set(m.pod.line.base_seconds);
+            self.itl_per_sequence
+                .get_or_create(&l)
+                .set(m.pod.line.per_sequence_seconds);
+            self.sessions_at_slo.get_or_create(&l).set(m.pod.sessions);
             self.utilization.get_or_create(&l).set(m.utilization);
             self.queue_wait_p99
                 .get_or_create(&l)
@@ -180,6 +206,9 @@ impl OperatorMetrics {
         self.desired_replicas.remove(&l);
         self.ready_replicas.remove(&l);
         self.capacity.remove(&l);
+        self.itl_base.remove(&l);
+        self.itl_per_sequence.remove(&l);
+        self.sessions_at_slo.remove(&l);
         self.utilization.remove(&l);
         self.queue_wait_p99.remove(&l);
         self.admission_paused.remove(&l);

@@ -69,24 +69,13 @@ impl Line {
 }
 
 /// The learned model of one pool's replicas.
-#[derive(Clone, Debug, PartialEq)]
+#[derive(Clone, Debug, Default, PartialEq)]
 pub struct PodModel {
     prior: Option<Line>,
     points: VecDeque<StepSample>,
     fit: Option<Line>,
     /// Points learned from so far (outliers included).
     pub samples: u64,
-}
-
-impl Default for PodModel {
-    fn default() -> Self {
-        PodModel {
-            prior: None,
-            points: VecDeque::new(),
-            fit: None,
-            samples: 0,
-        }
-    }
 }
 
 /// What the model says about one pool at the SLO.

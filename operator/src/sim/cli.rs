@@ -28,6 +28,9 @@ pub struct Args {
     /// slo.targetUtilization of tidegate's pool (sensitivity; the API default is 0.7).
     #[arg(long, default_value_t = 0.7)]
     pub target_utilization: f64,
+    /// admission.pauseWhileScaling of tidegate's pool (the API default is true).
+    #[arg(long, default_value_t = true, action = clap::ArgAction::Set)]
+    pub pause_while_scaling: bool,
     /// The HPA baselines' utilization target (sensitivity: compare at equal attainment).
     #[arg(long, default_value_t = 0.7)]
     pub hpa_target_utilization: f64,
@@ -60,6 +63,7 @@ pub fn simulate(args: &Args) -> anyhow::Result<()> {
     }
     let mut cfg = SimConfig::new(args.seed, args.scale);
     cfg.target_utilization = args.target_utilization;
+    cfg.pause_while_scaling = args.pause_while_scaling;
     cfg.baselines.hpa_target_utilization = args.hpa_target_utilization;
     let started = Instant::now();
     let mut reports = Vec::new();

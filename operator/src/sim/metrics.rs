@@ -239,7 +239,7 @@ impl Pipeline {
 fn pod_rate(s: &VecDeque<PodSample>, from: u64, now: u64) -> Option<f64> {
     let mut it = s.iter().filter(|x| x.t_us >= from && x.t_us <= now);
     let first = it.next()?;
-    let last = it.last()?;
+    let last = it.next_back()?;
     (last.t_us > first.t_us)
         .then(|| (last.tokens - first.tokens) / ((last.t_us - first.t_us) as f64 / 1e6))
 }

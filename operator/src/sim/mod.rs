@@ -81,6 +81,8 @@ pub struct SimConfig {
     pub baselines: BaselineSettings,
     /// slo.targetUtilization of the pool tidegate plans for (the API default is 0.7).
     pub target_utilization: f64,
+    /// admission.pauseWhileScaling of that pool (the API default is true).
+    pub pause_while_scaling: bool,
 }
 
 impl SimConfig {
@@ -117,6 +119,7 @@ impl SimConfig {
                 oracle_occupancy: 0.95,
             },
             target_utilization: 0.7,
+            pause_while_scaling: true,
         }
     }
 }
@@ -140,13 +143,14 @@ scaling:
   maxScaleUpStep: {up}
   maxScaleDownStep: {down}
   metrics: {{source: Prometheus, rateWindow: 1m, staleAfter: 2m}}
-admission: {{enabled: true, pauseThreshold: 0.95, resumeThreshold: 0.8, pauseAfter: 1m, holdTime: 5m, tenantMemory: 24h}}
+admission: {{enabled: true, pauseThreshold: 0.95, resumeThreshold: 0.8, pauseAfter: 1m, holdTime: 5m, tenantMemory: 24h, pauseWhileScaling: {p}}}
 tierPolicyRef: {{name: sim}}
 "#,
         b = m.max_batch,
         q = m.max_queue,
         r = cfg.tokens_per_second_per_session,
         u = cfg.target_utilization,
+        p = cfg.pause_while_scaling,
     );
     serde_saphyr::from_str(&yaml).map_err(|e| anyhow::anyhow!("simulator pool spec: {e}"))
 }
@@ -203,11 +207,15 @@ attainment: requests that started decoding within their tier's queue-wait target
 existing = tenant admitted within the 24h memory window, new = not; \
 ref pause/rate/overload: refused by the new-tenant pause, per-tenant rate limits, full queues; \
 ovl exist: overload refusals of existing tenants; react: step start → first scale-up decision; \
-scales: control ticks that changed the replica count; GPU-h includes start-up and draining.
-pool: 1 GPU/pod, max batch 16, ITL 20ms + 1.875ms × batch (T = 320 tok/s), queue 64/pod, \
+scales: control ticks that changed the replica count; rev: reversals (a scale-up followed by \
+a scale-down within 10 min, or the reverse); overshoot: replicas ordered beyond what the policy \
+still ran 10–20 min later (worst case) / its max step; GPU-h includes start-up and draining.
+pool: 1 GPU/pod, max batch 16, ITL 20ms + 1.875ms × batch (T = 320 tok/s; tidegate learns it \
+from the engines' inter-token latency), queue 64/pod, \
 start-up 2–7 min, scrape 15s, rate window 1m, least-loaded routing.
 tidegate: the operator's planner on an InferencePool with slo r = 20 tok/s, queueWaitP99 1s, \
-targetUtilization {tidegate}, no capacity hint; pause ≥ 0.95, resume < 0.8, pauseAfter 1m, holdTime 5m; \
+targetUtilization {tidegate}, no capacity hint; pause ≥ 0.95, resume < 0.8, pauseAfter 1m, holdTime 5m, \
+pauseWhileScaling {pws}; \
 tiers enterprise (never paused) > standard > free.
 hpa-*: Kubernetes HPA algorithm and default behaviour (15s sync, 10% tolerance, up max(100%, 4 pods) \
 per sync, down to the highest recommendation of 300s; starting pods count as 0 when scaling up), \
@@ -215,6 +223,7 @@ target {hpa:.0}% of GPU utilization (decode tokens/s ÷ T per pod) or of KV/batc
 max batch). keda-queue: HPA on sum(num_requests_waiting) with AverageValue {keda} per pod. \
 oracle: the trace's expected rate 7 min ahead, {oracle:.0}% batch occupancy, no stabilization.",
         tidegate = cfg.target_utilization,
+        pws = cfg.pause_while_scaling,
         keda = cfg.baselines.keda_waiting_per_pod,
         oracle = cfg.baselines.oracle_occupancy * 100.0,
     )
