@@ -190,8 +190,12 @@ impl AdmissionMachine {
                     self.since = Some(now);
                     self.last_escalation = Some(now);
                     self.paused = vec![pausable[0].clone()];
+                    let lasted = match constraint {
+                        Constraint::Arriving => String::new(),
+                        _ => format!(" for {waited}"),
+                    };
                     self.reason = format!(
-                        "over the SLO {} for {waited}: {}; pausing new tenants of tier {}",
+                        "over the SLO {}{lasted}: {}; pausing new tenants of tier {}",
                         constraint.words(),
                         p.words(spec),
                         pausable[0]

@@ -73,7 +73,7 @@ pub fn required(
     let need = |k: f64, backlog: bool| m.demand.replicas_for(line, k, backlog).ceil() as i32;
     let by_demand = need(target, true);
     let mut why = format!(
-        "{:.0} sessions ({:.0} running, {:.0} queued, {:.0} unmet) need {by_demand} replicas at          {:.1} each (target {:.2} × k* {:.1}; ITL {:.1} ms + {:.2} ms × k)",
+        "{:.0} sessions ({:.0} running, {:.0} queued, {:.0} unmet) need {by_demand} replicas at {:.1} each (target {:.2} × k* {:.1}; ITL {:.2} ms + {:.3} ms × k)",
         m.demand.sessions(true),
         m.demand.running,
         m.demand.waiting,
