@@ -13,6 +13,9 @@
 # aggregate completion tok/s of each server over the repetitions, their min..max, and
 # tidegate / llama.cpp. Both servers use THREADS threads and up to 32 sequences per step.
 #
+# Each run also records how many cores other processes used meanwhile ("foreign"): the
+# machine is shared, and a run with foreign load > 0.3 cores is marked in the raw log.
+#
 # Knobs (environment): FORMATS="Q4_1 Q8_0 F32"  CONC=1,32  REPS=3  THREADS=2  NPREDICT=128
 #   WEIGHTS=as-file (tidegate --weights)  BIN=target/release/tidegate-engine
 #   PEER_CACHE=$HOME/.cache/peer-llamacpp (as the peer script)  OUT=<dir for raw results>
@@ -82,13 +85,26 @@ start_tidegate() {  # $1 = format
   wait_healthy "${URL}/readyz" "${OUT}/tidegate-$1.log"
 }
 
+HZ="$(getconf CLK_TCK)"
+# busy jiffies of the whole machine, and of one process (with its reaped children)
+sys_busy() { awk '/^cpu /{print $2+$3+$4+$7+$8+$9; exit}' /proc/stat; }
+pid_cpu() { awk '{print $14+$15+$16+$17}' "/proc/$1/stat" 2>/dev/null || echo 0; }
+
 measure() {  # $1 = server (llama|tidegate), $2 = format, $3 = rep
   "start_$1" "$2"   # sets SERVER_PID and URL (no subshell, so stop_server sees the pid)
-  python3 "${peer}/loadgen.py" "${URL}" "smollm2-$2" --concurrency "${CONC}" --max-tokens "${NPREDICT}" \
+  local b0 s0 t0 b1 s1 t1 u foreign
+  b0=$(sys_busy); s0=$(pid_cpu "${SERVER_PID}"); t0=$(date +%s.%N)
+  /usr/bin/time -f '%U %S' -o "${OUT}/$1-$2-rep$3.time" \
+    python3 "${peer}/loadgen.py" "${URL}" "smollm2-$2" --concurrency "${CONC}" --max-tokens "${NPREDICT}" \
     --rounds 1 --min-requests 4 --label "$1 $2" --json-out "${OUT}/$1-$2-rep$3.json" \
     >"${OUT}/$1-$2-rep$3.txt" 2>&1 || true
+  b1=$(sys_busy); s1=$(pid_cpu "${SERVER_PID}"); t1=$(date +%s.%N)
+  u=$(awk '{print $1+$2}' "${OUT}/$1-$2-rep$3.time")
+  foreign=$(awk -v d=$((b1 - b0 - (s1 - s0))) -v hz="${HZ}" -v u="${u}" -v t0="${t0}" -v t1="${t1}" \
+    'BEGIN{x=(d/hz-u)/(t1-t0); if (x<0) x=0; printf "%.2f", x}')
+  echo "${foreign}" >"${OUT}/$1-$2-rep$3.foreign"
   stop_server
-  log "$1 $2 rep $3: $(grep -E 'agg|tok/s' "${OUT}/$1-$2-rep$3.txt" | tail -n 3 | tr '\n' ' ')"
+  log "$1 $2 rep $3: $(awk '/^ +[0-9]+ /{printf "c=%s %s tok/s  ", $1, $6}' "${OUT}/$1-$2-rep$3.txt")foreign ${foreign} cores"
 }
 
 for fmt in ${FORMATS}; do
@@ -103,9 +119,13 @@ echo "== tidegate-engine (--weights ${WEIGHTS}) vs llama.cpp llama-server, ${THR
 python3 - "${OUT}" "${FORMATS}" "${REPS}" <<'PY'
 import json, os, statistics, sys
 out, formats, reps = sys.argv[1], sys.argv[2].split(), int(sys.argv[3])
+foreign = []
 def rates(server, fmt):
     by = {}
     for r in range(1, reps + 1):
+        f = os.path.join(out, f"{server}-{fmt}-rep{r}.foreign")
+        if os.path.exists(f):
+            foreign.append(float(open(f).read()))
         p = os.path.join(out, f"{server}-{fmt}-rep{r}.json")
         if not os.path.exists(p):
             continue
@@ -122,5 +142,7 @@ for fmt in formats:
         mb = statistics.median(lb) if lb else float("nan")
         rng = lambda l: f"({min(l):.0f}..{max(l):.0f})" if l else ""
         print(f"{fmt:<6} {c:>4} {ma:>9.1f} {rng(la):>12} {mb:>9.1f} {rng(lb):>12} {mb / ma:>6.2f}")
+if foreign:
+    print(f"foreign load (cores used by other processes) per run: median {statistics.median(foreign):.2f}, max {max(foreign):.2f}")
 PY
 echo "(median aggregate completion tok/s; (min..max) over the reps; raw results in ${OUT})"
