@@ -255,6 +255,10 @@ pub struct ModelInfo {
     pub context_length: u32,
     /// Unix seconds the model was loaded (`created` in /v1/models).
     pub created: u64,
+    /// The format the weights are served in (`q4_1 79% + q8_0 21%`, `f32`, ...).
+    pub weights: String,
+    /// Weight bytes read per decoded token (0 when not applicable).
+    pub weight_bytes_per_token: u64,
 }
 
 /// What the server needs from a token generator. Object safe: the server holds an

@@ -3,6 +3,8 @@
 //! (read bandwidth ÷ weight bytes read per token) and decode tokens/s at each batch size.
 //! Figures vary run to run on shared machines; compare ratios within one run.
 
+use crate::model::weights::Stored;
+use crate::runner::weight_format::{Projection, Served};
 use std::path::PathBuf;
 use std::time::Instant;
 
@@ -81,15 +83,19 @@ fn sum_wide(c: &[f32]) -> f32 {
 
 /// Throughput of the matmul kernel alone for `[m, k] x [n, k]ᵀ`: (GFLOP/s, weight GB/s),
 /// best of `reps` rounds over copies of the weight totalling more than the caches hold.
-pub fn kernel_throughput(m: usize, n: usize, k: usize, reps: usize) -> (f64, f64) {
+pub fn kernel_throughput(fmt: Served, m: usize, n: usize, k: usize, reps: usize) -> (f64, f64) {
     let x: Vec<f32> = (0..m * k).map(|i| (i % 13) as f32 * 0.1).collect();
     let w: Vec<f32> = (0..n * k).map(|i| (i % 7) as f32 * 0.1).collect();
+    let bytes = fmt.bytes_for(n, k);
     // Enough copies to exceed the last-level cache, as a whole model does when decoding.
-    let copies = (96 << 20) / (n * k * 4) + 1;
+    let copies = (96 << 20) / bytes + 1;
+    let Ok(t) = candle_core::Tensor::from_vec(w, (n, k), &candle_core::Device::Cpu) else {
+        return (0.0, 0.0);
+    };
     let packed: Vec<_> = (0..copies)
-        .map(|_| crate::kernels::PackedMatrix::pack(&w, n, k))
+        .filter_map(|_| Projection::pack(&[Stored::F32(t.clone())], k, fmt).ok())
         .collect();
-    drop(w);
+    let copies = packed.len().max(1);
     let mut y = vec![0f32; m * n];
     let mut best = f64::INFINITY;
     for i in 0..reps.max(1) * copies {
@@ -100,7 +106,7 @@ pub fn kernel_throughput(m: usize, n: usize, k: usize, reps: usize) -> (f64, f64
     std::hint::black_box(&y);
     (
         2.0 * (m * n * k) as f64 / best / 1e9,
-        (n * k * 4) as f64 / best / 1e9,
+        bytes as f64 / best / 1e9,
     )
 }
 
@@ -235,11 +241,14 @@ pub fn run(args: &BenchArgs) -> Result<()> {
         bw.copy / 1e9,
         rayon::current_num_threads()
     );
-    let (_, gemv_bw) = kernel_throughput(1, 49152, 576, 5);
-    let (gemm_flops, _) = kernel_throughput(32, 1536, 576, 20);
-    println!(
-        "kernels: GEMV 1x576 by 49152x576 reads weights at {gemv_bw:.1} GB/s; GEMM 32x576 by 1536x576 runs at {gemm_flops:.1} GFLOP/s"
-    );
+    for fmt in [Served::F32, Served::Q8_0, Served::Q4_1] {
+        let (_, gemv_bw) = kernel_throughput(fmt, 1, 49152, 576, 5);
+        let (gemm_flops, _) = kernel_throughput(fmt, 32, 1536, 576, 20);
+        println!(
+            "kernels {:<4}: GEMV 1x576 by 49152x576 reads weights at {gemv_bw:.1} GB/s; GEMM 32x576 by 1536x576 runs at {gemm_flops:.1} GFLOP/s",
+            fmt.name()
+        );
+    }
     let t = Instant::now();
     let files = ModelFiles::load(&args.model)?;
     let block_size = 16;
@@ -273,12 +282,15 @@ pub fn run(args: &BenchArgs) -> Result<()> {
             ("down", c.hidden_size, c.intermediate_size),
             ("lm_head", c.vocab_size, c.hidden_size),
         ];
-        for &b in &args.batch {
-            for (name, n, k) in shapes {
-                let (gf, gb) = kernel_throughput(b, n, k, 5);
-                println!(
-                    "  kernel m={b:<3} {name:<8} n={n:<6} k={k:<5} {gf:7.1} GFLOP/s {gb:6.1} GB/s of weights"
-                );
+        for fmt in [Served::F32, Served::Q8_0, Served::Q4_1] {
+            for &b in &args.batch {
+                for (name, n, k) in shapes {
+                    let (gf, gb) = kernel_throughput(fmt, b, n, k, 5);
+                    println!(
+                        "  kernel {:<4} m={b:<3} {name:<8} n={n:<6} k={k:<5} {gf:7.1} GFLOP/s {gb:6.1} GB/s of weights",
+                        fmt.name()
+                    );
+                }
             }
         }
     }

@@ -137,6 +137,8 @@ impl FakeEngine {
                 id: config.model_id.clone(),
                 context_length: config.context_length,
                 created,
+                weights: "none".into(),
+                weight_bytes_per_token: 0,
             },
             started: Instant::now(),
             load_delay: config.load_delay,

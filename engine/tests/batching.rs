@@ -1,12 +1,14 @@
 //! Batching invariants of the paged runner on the random model: batched decode of N
 //! sequences equals their one-by-one decode, paged attention (scattered blocks) equals the
-//! dense candle reference, and chunked prefill equals one-shot prefill.
+//! dense candle reference, and chunked prefill equals one-shot prefill. The first two also
+//! run with quantized weights (`--weights q8_0|q4_1`): there paged attention is checked
+//! against one contiguous block, as the dense reference is f32.
 #![allow(clippy::unwrap_used, clippy::needless_range_loop)] // test code
 
 mod common;
 
 use tidegate_engine::model::Llama;
-use tidegate_engine::runner::{Runner, RunnerConfig, SeqChunk};
+use tidegate_engine::runner::{Runner, RunnerConfig, SeqChunk, WeightChoice};
 use tidegate_engine::sampling::argmax;
 
 const TOL: f32 = 1e-4;
@@ -46,6 +48,16 @@ fn run_alone(runner: &mut Runner, prompt: &[u32], table: &[u32], steps: usize) -
 
 #[test]
 fn batched_decode_equals_sequential_decode() {
+    batched_equals_sequential(WeightChoice::AsFile);
+}
+
+#[test]
+fn batched_decode_equals_sequential_decode_with_quantized_weights() {
+    batched_equals_sequential(WeightChoice::Q8_0);
+    batched_equals_sequential(WeightChoice::Q4_1);
+}
+
+fn batched_equals_sequential(weights: WeightChoice) {
     let files = common::random_model();
     let rc = RunnerConfig {
         block_size: 4,
@@ -60,10 +72,13 @@ fn batched_decode_equals_sequential_decode() {
     let sequential: Vec<Vec<Vec<f32>>> = ps
         .iter()
         .zip(&tables)
-        .map(|(p, t)| run_alone(&mut Runner::new(&files, rc).unwrap(), p, t, steps))
+        .map(|(p, t)| {
+            let mut r = Runner::with_weights(&files, rc, weights).unwrap();
+            run_alone(&mut r, p, t, steps)
+        })
         .collect();
 
-    let mut runner = Runner::new(&files, rc).unwrap();
+    let mut runner = Runner::with_weights(&files, rc, weights).unwrap();
     let mut next: Vec<Vec<u32>> = ps.clone();
     let mut pos = vec![0usize; ps.len()];
     for step in 0..=steps {
@@ -82,7 +97,7 @@ fn batched_decode_equals_sequential_decode() {
                 l,
                 &sequential[s][step],
                 TOL,
-                &format!("seq {s} step {step}"),
+                &format!("{weights:?} seq {s} step {step}"),
             );
             pos[s] += next[s].len();
             next[s] = vec![argmax(l)];
@@ -121,6 +136,49 @@ fn paged_attention_equals_dense_attention() {
                 TOL,
                 &format!("block size {block_size} position {p}"),
             );
+        }
+    }
+}
+
+#[test]
+fn paged_attention_is_layout_independent_with_quantized_weights() {
+    let files = common::random_model();
+    let tokens: Vec<u32> = (0..23).map(|i| (i * 37 + 11) % 480).collect();
+    for weights in [WeightChoice::Q8_0, WeightChoice::Q4_0] {
+        let decode = |block_size: usize, reverse: bool| {
+            let rc = RunnerConfig {
+                block_size,
+                num_blocks: 40,
+            };
+            let mut runner = Runner::with_weights(&files, rc, weights).unwrap();
+            let mut table: Vec<u32> = (0..tokens.len().div_ceil(block_size) as u32).collect();
+            if reverse {
+                table.reverse();
+            }
+            (0..tokens.len())
+                .map(|p| {
+                    let out = runner
+                        .step(&[SeqChunk {
+                            tokens: &tokens[p..p + 1],
+                            start_pos: p,
+                            block_table: &table,
+                            want_logits: true,
+                        }])
+                        .unwrap();
+                    out.into_iter().next().unwrap().unwrap()
+                })
+                .collect::<Vec<_>>()
+        };
+        let want = decode(32, false);
+        for block_size in [1, 3, 16] {
+            for (p, got) in decode(block_size, true).iter().enumerate() {
+                common::assert_close(
+                    got,
+                    &want[p],
+                    TOL,
+                    &format!("{weights:?} block size {block_size} position {p}"),
+                );
+            }
         }
     }
 }

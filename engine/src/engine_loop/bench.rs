@@ -24,7 +24,7 @@ use crate::bench_model::{measure_bandwidth, roofline_tokens_per_s};
 use crate::kernels::peak::fma_peak_flops;
 use crate::metrics::{Metrics, resident_memory_bytes};
 use crate::model::ModelFiles;
-use crate::runner::PackedModel;
+use crate::runner::{WeightChoice, WeightsPlan};
 
 /// Options of `tidegate-engine bench`.
 #[derive(Debug, Clone, clap::Args)]
@@ -69,6 +69,9 @@ pub struct BenchArgs {
     /// Print one JSON object instead of text.
     #[arg(long)]
     pub json: bool,
+    /// Format the weights are served in (as `serve --weights`).
+    #[arg(long, value_enum, default_value_t = WeightChoice::AsFile)]
+    pub weights: WeightChoice,
 }
 
 /// Runs the benchmark and prints the figures.
@@ -84,10 +87,12 @@ pub fn run(args: &BenchArgs) -> anyhow::Result<()> {
     let files = ModelFiles::load(&args.model)
         .with_context(|| format!("loading {}", args.model.display()))?;
     let vocab = files.config.vocab_size;
-    let bytes_per_token = PackedModel::bytes_read_per_token(&files.config);
+    let plan = WeightsPlan::new(&files.weights, &files.config, args.weights)?;
+    let bytes_per_token = plan.bytes_per_token();
     let roofline = roofline_tokens_per_s(bw.read, bytes_per_token);
-    // f32 weights: one multiply-add (two FLOPs) per weight read.
-    let flops_per_token = bytes_per_token as f64 / 2.0;
+    // One multiply-add (two FLOPs, or two integer ops) per weight. Quantized weights use
+    // integer dot products; the FMA peak stands in for their peak too (no int8 probe yet).
+    let flops_per_token = 2.0 * plan.weight_count() as f64;
     let compute_ceiling = peak / flops_per_token;
     let config = LoopConfig {
         model_id: "bench".into(),
@@ -96,6 +101,7 @@ pub fn run(args: &BenchArgs) -> anyhow::Result<()> {
         max_batch_tokens: args.max_batch_tokens.max(1),
         max_batch_seqs: args.concurrency.iter().copied().max().unwrap_or(1).max(1),
         max_waiting: 4096,
+        weights: args.weights,
         ..LoopConfig::default()
     };
     let metrics = Metrics::new();
@@ -164,6 +170,7 @@ pub fn run(args: &BenchArgs) -> anyhow::Result<()> {
         "copy_bandwidth_gb_s": bw.copy / 1e9,
         "read_bandwidth_gb_s": bw.read / 1e9,
         "fma_peak_gflop_s": peak / 1e9,
+        "weights": plan.label(),
         "weight_bytes_per_token": bytes_per_token,
         "batch1_roofline_tokens_per_s": roofline,
         "compute_ceiling_tokens_per_s": compute_ceiling,
@@ -225,11 +232,12 @@ async fn level(
 fn print_text(r: &Value) {
     let f = |v: &Value| v.as_f64().unwrap_or(f64::NAN);
     println!(
-        "copy bandwidth {:.1} GB/s, read {:.1} GB/s; batch-1 roofline {:.1} tok/s ({} weight bytes/token)",
+        "copy bandwidth {:.1} GB/s, read {:.1} GB/s; batch-1 roofline {:.1} tok/s ({} weight bytes/token, weights {})",
         f(&r["copy_bandwidth_gb_s"]),
         f(&r["read_bandwidth_gb_s"]),
         f(&r["batch1_roofline_tokens_per_s"]),
-        r["weight_bytes_per_token"]
+        r["weight_bytes_per_token"],
+        r["weights"].as_str().unwrap_or("?")
     );
     println!(
         "FMA peak {:.1} GFLOP/s over all threads; compute ceiling {:.1} tok/s = {:.2}x the batch-1 roofline",

@@ -43,6 +43,7 @@ use crate::backend::{
 use crate::kv_cache::Tiers;
 use crate::metrics::Metrics;
 use crate::model::{ModelFiles, Tokenizer};
+use crate::runner::{WeightChoice, WeightsPlan};
 
 use owner::Owner;
 
@@ -71,6 +72,8 @@ pub struct LoopConfig {
     pub retry_after: Duration,
     /// Longest context a request may have (`--max-context-tokens`); None: the model's own.
     pub max_context_tokens: Option<usize>,
+    /// The format the projections are served in (`--weights`).
+    pub weights: WeightChoice,
 }
 
 impl LoopConfig {
@@ -95,6 +98,7 @@ impl Default for LoopConfig {
             max_waiting: 256,
             retry_after: Duration::from_secs(1),
             max_context_tokens: None,
+            weights: WeightChoice::AsFile,
         }
     }
 }
@@ -137,9 +141,12 @@ impl LoopEngine {
         let context = config
             .max_model_len(files.config.max_position_embeddings)
             .min(kv_tokens);
+        let plan = WeightsPlan::new(&files.weights, &files.config, config.weights)?;
         let info = ModelInfo {
             id: config.model_id.clone(),
             context_length: u32::try_from(context).unwrap_or(u32::MAX),
+            weights: plan.label(),
+            weight_bytes_per_token: plan.bytes_per_token() as u64,
             created: SystemTime::now()
                 .duration_since(UNIX_EPOCH)
                 .map(|d| d.as_secs())

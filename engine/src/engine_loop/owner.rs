@@ -58,13 +58,20 @@ impl Owner {
     ) -> Result<Self> {
         let block_size = cfg.kv_block_tokens.max(1);
         let num_blocks = cfg.kv_blocks.max(1);
-        let runner = Runner::new(
+        let runner = Runner::with_weights(
             files,
             RunnerConfig {
                 block_size,
                 num_blocks,
             },
+            cfg.weights,
         )?;
+        let plan = runner.weights_plan();
+        tracing::info!(
+            weights = %plan.label(),
+            bytes_per_token = plan.bytes_per_token(),
+            "weights packed"
+        );
         let block_bytes = Runner::block_bytes_for(&files.config, block_size);
         let mut kv_cfg = KvConfig::new(
             u32::try_from(num_blocks).unwrap_or(u32::MAX),

@@ -10,6 +10,8 @@
 
 use rayon::prelude::*;
 
+use super::out_ptr::OutPtr;
+
 /// Output columns per panel.
 pub const NR: usize = 32;
 /// Rows per register tile (AVX-512: 12 × 2 accumulators of 16 lanes, 24 of 32 registers).
@@ -76,7 +78,7 @@ impl PackedMatrix {
         let threads = rayon::current_num_threads().max(1);
         let tasks = if m == 1 { threads * 2 } else { threads * 4 };
         let per_task = panels.div_ceil(tasks).max(1);
-        let out = OutPtr(y.as_mut_ptr());
+        let out = OutPtr::new(y);
         (0..panels)
             .into_par_iter()
             .step_by(per_task)
@@ -119,30 +121,6 @@ impl PackedMatrix {
                 }
             }
         }
-    }
-}
-
-/// The output of [`PackedMatrix::matmul`], shared by the parallel tasks. Each task owns a
-/// disjoint set of panels, i.e. disjoint column ranges of every row, so no element is written
-/// by two tasks; the pointer is valid for `m·n` floats for the duration of the call (the
-/// `&mut` borrow of `y` is held across the parallel loop).
-#[derive(Clone, Copy)]
-struct OutPtr(*mut f32);
-
-// SAFETY: see the type note: writes are disjoint and the borrow outlives every task.
-#[allow(unsafe_code)]
-unsafe impl Send for OutPtr {}
-// SAFETY: as above.
-#[allow(unsafe_code)]
-unsafe impl Sync for OutPtr {}
-
-impl OutPtr {
-    /// Copies `src` to `y[at..at + src.len()]`; `at + src.len() <= m·n` by construction of
-    /// the panel loop (columns of a panel are clipped to `n`).
-    #[allow(unsafe_code)]
-    fn write(self, at: usize, src: &[f32]) {
-        // SAFETY: in bounds and not aliased by another task (type note).
-        unsafe { std::ptr::copy_nonoverlapping(src.as_ptr(), self.0.add(at), src.len()) }
     }
 }
 

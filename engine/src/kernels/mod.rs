@@ -5,6 +5,9 @@
 
 pub mod matmul;
 pub mod ops;
+mod out_ptr;
 pub mod peak;
+pub mod quant;
 
 pub use matmul::{PackedMatrix, matmul_xwt};
+pub use quant::{QFormat, QuantMatrix};

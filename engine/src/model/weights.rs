@@ -1,15 +1,21 @@
-//! Loads a checkpoint into f32 tensors on the CPU, keyed by Hugging Face Llama names
+//! Loads a checkpoint's tensors on the CPU, keyed by Hugging Face Llama names
 //! (`model.layers.{i}.self_attn.q_proj.weight`, ...), whatever the file format:
 //! - a directory with `config.json`, `*.safetensors` (any float dtype, converted to f32);
-//! - a `.gguf` file (quantized tensors dequantized to f32; llama.cpp's Q/K row permutation for
-//!   interleaved RoPE is undone so every format uses the same half-split RoPE).
+//! - a `.gguf` file: 2-D tensors stay as stored (quantized bytes, GGML row-major blocks) so
+//!   the runner can pack them without a dequantize-requantize round trip; everything else is
+//!   dequantized to f32. llama.cpp's Q/K row permutation for interleaved RoPE is undone (on
+//!   whole rows, so it works on quantized rows too) so every format uses the same half-split
+//!   RoPE.
 //!
-//! Invariant: every tensor returned is contiguous f32 with the PyTorch `[out, in]` shape.
+//! Invariant: [`Weights::get`] returns contiguous f32 with the PyTorch `[out, in]` shape
+//! (dequantizing on demand); [`Weights::stored`] gives the matrix as the file holds it.
 
 use std::collections::HashMap;
 use std::path::Path;
 
-use candle_core::quantized::gguf_file;
+use std::borrow::Cow;
+
+use candle_core::quantized::{GgmlDType, QStorage, QTensor, gguf_file};
 use candle_core::{DType, Device, Tensor};
 
 use super::config::LlamaConfig;
@@ -19,32 +25,102 @@ use crate::error::{Error, Result};
 #[derive(Debug)]
 pub struct Weights {
     tensors: HashMap<String, Tensor>,
+    /// 2-D GGUF tensors kept in their stored encoding (not also in `tensors`).
+    raw: HashMap<String, RawMatrix>,
+}
+
+/// A `[rows, cols]` matrix as a GGUF file stores it: each row is `cols / block` GGML blocks
+/// of `dtype` (or plain F32/F16/BF16 values), rows one after another.
+#[derive(Debug, Clone)]
+pub struct RawMatrix {
+    /// The GGML encoding of the bytes.
+    pub dtype: GgmlDType,
+    /// Output rows.
+    pub rows: usize,
+    /// Input columns.
+    pub cols: usize,
+    /// `rows × row_bytes` bytes.
+    pub data: Vec<u8>,
+}
+
+impl RawMatrix {
+    /// Bytes of one row.
+    pub fn row_bytes(&self) -> usize {
+        self.cols / self.dtype.block_size() * self.dtype.type_size()
+    }
+
+    /// The matrix in f32, row-major.
+    pub fn dequantize(&self) -> Result<Tensor> {
+        let storage = QStorage::from_data(Cow::Borrowed(&self.data), &Device::Cpu, self.dtype)?;
+        Ok(QTensor::new(storage, (self.rows, self.cols))?.dequantize(&Device::Cpu)?)
+    }
+
+    /// The same matrix with its rows reordered: row `i` of the result is row `order[i]`.
+    fn permute_rows(&self, order: &[usize]) -> Self {
+        let rb = self.row_bytes();
+        let mut data = Vec::with_capacity(self.data.len());
+        for &r in order {
+            data.extend_from_slice(&self.data[r * rb..(r + 1) * rb]);
+        }
+        Self {
+            data,
+            ..self.clone()
+        }
+    }
+}
+
+/// A matrix as stored: f32 values or an encoded GGUF matrix.
+#[derive(Debug)]
+pub enum Stored<'a> {
+    /// Row-major f32 `[rows, cols]`.
+    F32(Tensor),
+    /// GGUF bytes.
+    Raw(&'a RawMatrix),
 }
 
 impl Weights {
     /// Wraps an already loaded map (used by the random-model generator and tests).
     pub fn from_map(tensors: HashMap<String, Tensor>) -> Self {
-        Self { tensors }
+        Self {
+            tensors,
+            raw: HashMap::new(),
+        }
     }
 
-    /// Returns the tensor named `name`, checking its shape.
+    /// Returns the tensor named `name` in f32, checking its shape.
     pub fn get(&self, name: &str, shape: &[usize]) -> Result<Tensor> {
-        let t = self
-            .tensors
-            .get(name)
-            .ok_or_else(|| Error::weight(name, "missing"))?;
-        if t.dims() != shape {
+        match self.stored(name, shape)? {
+            Stored::F32(t) => Ok(t),
+            Stored::Raw(r) => r.dequantize(),
+        }
+    }
+
+    /// Returns the tensor named `name` as the checkpoint stores it, checking its shape.
+    pub fn stored(&self, name: &str, shape: &[usize]) -> Result<Stored<'_>> {
+        let dims = if let Some(r) = self.raw.get(name) {
+            vec![r.rows, r.cols]
+        } else {
+            let t = self
+                .tensors
+                .get(name)
+                .ok_or_else(|| Error::weight(name, "missing"))?;
+            t.dims().to_vec()
+        };
+        if dims != shape {
             return Err(Error::weight(
                 name,
-                format!("shape {:?}, expected {shape:?}", t.dims()),
+                format!("shape {dims:?}, expected {shape:?}"),
             ));
         }
-        Ok(t.clone())
+        Ok(match self.raw.get(name) {
+            Some(r) => Stored::Raw(r),
+            None => Stored::F32(self.tensors[name].clone()),
+        })
     }
 
     /// Whether the checkpoint has a tensor of that name.
     pub fn contains(&self, name: &str) -> bool {
-        self.tensors.contains_key(name)
+        self.tensors.contains_key(name) || self.raw.contains_key(name)
     }
 
     /// Loads every `*.safetensors` file of a Hugging Face model directory.
@@ -75,31 +151,46 @@ impl Weights {
                 tensors.insert(name, t.contiguous()?);
             }
         }
-        Ok(Self { tensors })
+        Ok(Self::from_map(tensors))
     }
 
-    /// Loads and dequantizes the tensors of an already parsed GGUF file.
+    /// Loads the tensors of an already parsed GGUF file: matrices as stored, the rest in f32.
     pub fn from_gguf<R: std::io::Read + std::io::Seek>(
         content: &gguf_file::Content,
         reader: &mut R,
         cfg: &LlamaConfig,
     ) -> Result<Self> {
-        let mut tensors = HashMap::new();
+        let mut w = Self::from_map(HashMap::new());
         let hd = cfg.head_dim();
         for gguf_name in content.tensor_infos.keys() {
             let Some(hf_name) = hf_name_for_gguf(gguf_name) else {
                 continue;
             };
             let q = content.tensor(reader, gguf_name, &Device::Cpu)?;
-            let mut t = q.dequantize(&Device::Cpu)?;
-            if hf_name.ends_with("self_attn.q_proj.weight") {
-                t = unpermute_rope_rows(&t, cfg.num_attention_heads, hd)?;
+            let heads = if hf_name.ends_with("self_attn.q_proj.weight") {
+                Some(cfg.num_attention_heads)
             } else if hf_name.ends_with("self_attn.k_proj.weight") {
-                t = unpermute_rope_rows(&t, cfg.kv_heads(), hd)?;
+                Some(cfg.kv_heads())
+            } else {
+                None
+            };
+            if let Ok((rows, cols)) = q.shape().dims2() {
+                let mut m = RawMatrix {
+                    dtype: q.dtype(),
+                    rows,
+                    cols,
+                    data: q.data()?.into_owned(),
+                };
+                if let Some(heads) = heads {
+                    m = m.permute_rows(&unpermuted_row_order(rows, heads, hd, &hf_name)?);
+                }
+                w.raw.insert(hf_name, m);
+                continue;
             }
-            tensors.insert(hf_name, t.contiguous()?);
+            w.tensors
+                .insert(hf_name, q.dequantize(&Device::Cpu)?.contiguous()?);
         }
-        Ok(Self { tensors })
+        Ok(w)
     }
 }
 
@@ -131,19 +222,27 @@ fn hf_name_for_gguf(name: &str) -> Option<String> {
 }
 
 /// llama.cpp's converter reorders each head's rows from `[2, hd/2]` (half-split RoPE) to
-/// `[hd/2, 2]` (interleaved RoPE). This restores the Hugging Face order.
-fn unpermute_rope_rows(t: &Tensor, heads: usize, head_dim: usize) -> Result<Tensor> {
-    let (out, inp) = t.dims2()?;
-    if out != heads * head_dim {
+/// `[hd/2, 2]` (interleaved RoPE). Row `i` of the Hugging Face order is GGUF row
+/// `order[i]`: within a head, HF row `h·hd/2 + j` (half `h`, index `j`) is GGUF row `2j + h`.
+fn unpermuted_row_order(
+    rows: usize,
+    heads: usize,
+    head_dim: usize,
+    name: &str,
+) -> Result<Vec<usize>> {
+    if rows != heads * head_dim || !head_dim.is_multiple_of(2) {
         return Err(Error::weight(
-            "attention projection",
-            format!("{out} rows, expected {heads}x{head_dim}"),
+            name,
+            format!("{rows} rows, expected {heads}x{head_dim}"),
         ));
     }
-    Ok(t.reshape((heads, head_dim / 2, 2, inp))?
-        .transpose(1, 2)?
-        .contiguous()?
-        .reshape((out, inp))?)
+    let half = head_dim / 2;
+    Ok((0..rows)
+        .map(|i| {
+            let (head, r) = (i / head_dim, i % head_dim);
+            head * head_dim + 2 * (r % half) + r / half
+        })
+        .collect())
 }
 
 #[cfg(test)]
@@ -161,12 +260,16 @@ mod tests {
 
     #[test]
     fn unpermute_inverts_llama_cpp_permute() {
-        // One head, head_dim 4, in 1: HF rows [a0 a1 b0 b1] become GGUF [a0 b0 a1 b1].
-        let gguf = Tensor::new(&[[0f32], [2.], [1.], [3.]], &Device::Cpu).unwrap();
-        let hf = unpermute_rope_rows(&gguf, 1, 4).unwrap();
+        // One head, head_dim 4: HF rows [a0 a1 b0 b1] became GGUF [a0 b0 a1 b1], so HF row
+        // a1 (1) is GGUF row 2 and b0 (2) is GGUF row 1.
         assert_eq!(
-            hf.flatten_all().unwrap().to_vec1::<f32>().unwrap(),
-            vec![0., 1., 2., 3.]
+            unpermuted_row_order(4, 1, 4, "q").unwrap(),
+            vec![0, 2, 1, 3]
+        );
+        // Two heads of 4: the second head maps the same way, offset by 4.
+        assert_eq!(
+            unpermuted_row_order(8, 2, 4, "q").unwrap()[4..],
+            [4, 6, 5, 7]
         );
     }
 }

@@ -44,6 +44,7 @@ pub fn paged_attention(
 ) {
     let group = s.heads / s.kv_heads;
     let avx512 = has_avx512() && s.head_dim.is_multiple_of(16) && kv.block_size() == 16;
+    let avx2 = has_avx2_fma();
     // One task per (row, kv head): the `group` query heads sharing a kv head are adjacent in
     // `out`, so each K/V row is loaded once for all of them.
     out.par_chunks_mut(group * s.head_dim)
@@ -66,8 +67,25 @@ pub fn paged_attention(
                 return;
             }
             let _ = avx512;
+            #[cfg(target_arch = "x86_64")]
+            if avx2 {
+                avx2::attend(&job, scores, o);
+                return;
+            }
+            let _ = avx2;
             attend(&job, scores, o, block_scores_portable, axpy_portable);
         });
+}
+
+fn has_avx2_fma() -> bool {
+    #[cfg(target_arch = "x86_64")]
+    {
+        std::arch::is_x86_feature_detected!("avx2") && std::arch::is_x86_feature_detected!("fma")
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    {
+        false
+    }
 }
 
 fn has_avx512() -> bool {
@@ -93,6 +111,7 @@ struct GroupJob<'a> {
 }
 
 /// `out[s] = Σ_d q[d] · kt[d · bs + s]` for the `bs = out.len()` slots of a block.
+#[inline(always)]
 fn block_scores_portable(q: &[f32], kt: &[f32], out: &mut [f32]) {
     let bs = out.len();
     out.fill(0.0);
@@ -103,6 +122,7 @@ fn block_scores_portable(q: &[f32], kt: &[f32], out: &mut [f32]) {
     }
 }
 
+#[inline(always)]
 fn axpy_portable(y: &mut [f32], a: f32, x: &[f32]) {
     for (p, q) in y.iter_mut().zip(x) {
         *p += a * q;
@@ -158,6 +178,25 @@ fn attend(
             }
             j += 1;
         }
+    }
+}
+
+// The portable loops compiled with AVX2 and FMA enabled (the default target has only SSE2):
+// the same code, inlined into a function the compiler may vectorize 8 lanes wide.
+#[cfg(target_arch = "x86_64")]
+#[allow(unsafe_code)]
+mod avx2 {
+    use super::{GroupJob, attend as attend_generic, axpy_portable, block_scores_portable};
+
+    #[target_feature(enable = "avx2,fma")]
+    fn attend_avx2(job: &GroupJob<'_>, scores: &mut Vec<f32>, o: &mut [f32]) {
+        attend_generic(job, scores, o, block_scores_portable, axpy_portable);
+    }
+
+    /// Entered only after run-time detection of avx2 and fma.
+    pub(super) fn attend(job: &GroupJob<'_>, scores: &mut Vec<f32>, o: &mut [f32]) {
+        // SAFETY: the caller checked avx2 and fma (`has_avx2_fma`); the body is safe code.
+        unsafe { attend_avx2(job, scores, o) }
     }
 }
 

@@ -21,6 +21,7 @@
 pub mod attention;
 pub mod kv_store;
 pub mod packed;
+pub mod weight_format;
 
 use crate::block_io::{BlockIo, BlockIoError};
 use crate::error::{Error, Result};
@@ -28,8 +29,9 @@ use crate::kernels::ops::{add_assign, rms_norm, rope_inv_freq, rope_row, silu_mu
 use crate::model::{LlamaConfig, ModelFiles, Weights};
 use attention::{AttnShape, RowPos, paged_attention};
 pub use kv_store::KvStore;
-pub use packed::PackedModel;
+pub use packed::{PackedModel, WeightsPlan};
 use rayon::prelude::*;
+pub use weight_format::WeightChoice;
 
 /// One sequence's share of a step.
 #[derive(Debug, Clone, Copy)]
@@ -63,19 +65,38 @@ pub struct Runner {
 }
 
 impl Runner {
-    /// Packs the weights of a loaded checkpoint and allocates the KV pool.
+    /// Packs the weights of a loaded checkpoint (as the file stores them) and allocates the
+    /// KV pool.
     pub fn new(files: &ModelFiles, rc: RunnerConfig) -> Result<Self> {
-        Self::from_weights(&files.weights, &files.config, rc)
+        Self::with_weights(files, rc, WeightChoice::AsFile)
+    }
+
+    /// As [`Runner::new`], serving the projections in the formats `choice` gives.
+    pub fn with_weights(
+        files: &ModelFiles,
+        rc: RunnerConfig,
+        choice: WeightChoice,
+    ) -> Result<Self> {
+        Self::build(&files.weights, &files.config, rc, choice)
     }
 
     /// As [`Runner::new`], from weights and config.
     pub fn from_weights(w: &Weights, cfg: &LlamaConfig, rc: RunnerConfig) -> Result<Self> {
+        Self::build(w, cfg, rc, WeightChoice::AsFile)
+    }
+
+    fn build(
+        w: &Weights,
+        cfg: &LlamaConfig,
+        rc: RunnerConfig,
+        choice: WeightChoice,
+    ) -> Result<Self> {
         if rc.block_size == 0 || rc.num_blocks == 0 {
             return Err(Error::Config(
                 "block_size and num_blocks must be > 0".into(),
             ));
         }
-        let model = PackedModel::pack(w, cfg)?;
+        let model = PackedModel::pack(w, cfg, choice)?;
         let kv = KvStore::new(
             cfg.num_hidden_layers,
             cfg.kv_heads(),
@@ -113,7 +134,12 @@ impl Runner {
 
     /// Weight bytes read by one decode step (the numerator of the batch-1 roofline).
     pub fn bytes_read_per_token(&self) -> usize {
-        PackedModel::bytes_read_per_token(&self.cfg)
+        self.model.plan.bytes_per_token()
+    }
+
+    /// The served formats and bytes per token.
+    pub fn weights_plan(&self) -> &WeightsPlan {
+        &self.model.plan
     }
 
     fn validate(&self, batch: &[SeqChunk<'_>]) -> Result<()> {
@@ -153,6 +179,14 @@ impl Runner {
     /// One batched forward pass; see the module note for the contract.
     pub fn step(&mut self, batch: &[SeqChunk<'_>]) -> Result<Vec<Option<Vec<f32>>>> {
         self.validate(batch)?;
+        // The caller (the engine loop's own thread) is not a rayon worker, so every parallel
+        // loop it started would be handed to the pool and waited on: hundreds of cross-thread
+        // hand-offs per token, each a scheduler wake-up on a busy machine. Running the whole
+        // pass on a worker pays that once; the loops inside then split work in place.
+        rayon::scope(|_| self.forward(batch))
+    }
+
+    fn forward(&mut self, batch: &[SeqChunk<'_>]) -> Result<Vec<Option<Vec<f32>>>> {
         let cfg = &self.cfg;
         let (h, hd) = (cfg.hidden_size, cfg.head_dim());
         let (heads, kvh) = (cfg.num_attention_heads, cfg.kv_heads());

@@ -24,7 +24,7 @@ use crate::fake_engine::{FakeConfig, FakeEngine};
 use crate::kv_sizing::{KvRequest, KvSize, read_memory_facts, size_kv_pool};
 use crate::metrics::Metrics;
 use crate::model::{ModelFiles, ModelFormat};
-use crate::runner::Runner;
+use crate::runner::{Runner, WeightChoice, WeightsPlan};
 
 /// Log line format.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, ValueEnum)]
@@ -133,6 +133,9 @@ pub struct ServeArgs {
     /// Compute threads for the forward pass (default: available parallelism).
     #[arg(long, env = "TIDEGATE_THREADS")]
     pub threads: Option<usize>,
+    /// Format the weights are served in: as the file stores them, or converted at load.
+    #[arg(long, env = "TIDEGATE_WEIGHTS", value_enum, default_value_t = WeightChoice::AsFile)]
+    pub weights: WeightChoice,
     /// Fake backend: time per batched decode step.
     #[arg(long, env = "TIDEGATE_FAKE_TOKEN_DELAY", default_value = "5ms", value_parser = parse_duration)]
     pub fake_token_delay: Duration,
@@ -233,7 +236,14 @@ fn load_engine(args: &ServeArgs, metrics: &Arc<Metrics>) -> anyhow::Result<Arc<d
             .map(|s| s.to_string_lossy().into_owned())
             .unwrap_or_else(|| "model".to_string())
     });
-    tracing::info!(model = %model_id, layers = files.config.num_hidden_layers, "model loaded");
+    let plan = WeightsPlan::new(&files.weights, &files.config, args.weights)?;
+    tracing::info!(
+        model = %model_id,
+        layers = files.config.num_hidden_layers,
+        weights = %plan.label(),
+        bytes_per_token = plan.bytes_per_token(),
+        "model loaded"
+    );
     let kv = kv_pool_size(args, &files)?;
     tracing::info!(blocks = kv.blocks, why = %kv.why, "KV pool sized");
     let config = LoopConfig {
@@ -247,6 +257,7 @@ fn load_engine(args: &ServeArgs, metrics: &Arc<Metrics>) -> anyhow::Result<Arc<d
         max_batch_seqs: args.max_batch_size.max(1),
         max_waiting: args.max_queued_requests.max(1),
         max_context_tokens: args.max_context_tokens,
+        weights: args.weights,
         ..LoopConfig::default()
     };
     let engine = LoopEngine::start(files, config, Arc::clone(metrics))?;

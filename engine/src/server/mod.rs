@@ -255,6 +255,8 @@ async fn models(State(app): State<Arc<AppState>>) -> Response {
             "created": info.created,
             "owned_by": "tidegate",
             "max_model_len": info.context_length,
+            "weights": info.weights,
+            "weight_bytes_per_token": info.weight_bytes_per_token,
         }],
     }))
     .into_response()

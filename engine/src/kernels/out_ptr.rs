@@ -1,0 +1,32 @@
+//! The output of a panel-parallel matmul, shared by its rayon tasks.
+//!
+//! Invariant (upheld by the callers): each task owns a disjoint set of panels, i.e. disjoint
+//! column ranges of every output row, so no element is written by two tasks; the pointer is
+//! valid for the whole output for the duration of the call (the `&mut` borrow of the output
+//! is held across the parallel loop).
+
+/// A raw pointer to the output buffer; see the module note.
+#[derive(Clone, Copy)]
+pub(crate) struct OutPtr(*mut f32);
+
+// SAFETY: see the module note: writes are disjoint and the borrow outlives every task.
+#[allow(unsafe_code)]
+unsafe impl Send for OutPtr {}
+// SAFETY: as above.
+#[allow(unsafe_code)]
+unsafe impl Sync for OutPtr {}
+
+impl OutPtr {
+    /// Points at `y`, which must stay borrowed while the pointer is used.
+    pub(crate) fn new(y: &mut [f32]) -> Self {
+        OutPtr(y.as_mut_ptr())
+    }
+
+    /// Copies `src` to `y[at..at + src.len()]`; the caller guarantees `at + src.len()` is
+    /// within the output (columns of a panel are clipped to `n`).
+    #[allow(unsafe_code)]
+    pub(crate) fn write(self, at: usize, src: &[f32]) {
+        // SAFETY: in bounds and not aliased by another task (module note).
+        unsafe { std::ptr::copy_nonoverlapping(src.as_ptr(), self.0.add(at), src.len()) }
+    }
+}

@@ -1,0 +1,148 @@
+#!/usr/bin/env bash
+# bench-vs-llamacpp.sh -- tidegate-engine and llama.cpp's llama-server side by side on the
+# same GGUF file, runs alternated, medians and ratios printed.
+#
+# The peer stays outside this repository: ../shared/peer/peer-llamacpp.sh (run once here to
+# set up, idempotently, llama.cpp 0.7.0 in a private chroot with SmolLM2-135M in Q4_1, F32,
+# F16 and Q8_0; needs root) and ../shared/peer/loadgen.py (the closed-loop OpenAI client
+# used for both servers: 128-token ignore_eos completions, temperature 0, fixed seed).
+#
+# For each format and each of REPS repetitions, both servers are started in turn (the order
+# flips every repetition so drift from other load on the machine hits both alike), measured
+# at each concurrency level, and stopped. Printed: per format and level, the median
+# aggregate completion tok/s of each server over the repetitions, their min..max, and
+# tidegate / llama.cpp. Both servers use THREADS threads and up to 32 sequences per step.
+#
+# Each run also records how many cores other processes used meanwhile ("foreign"): the
+# machine is shared, and a run with foreign load > 0.3 cores is marked in the raw log.
+#
+# Knobs (environment): FORMATS="Q4_1 Q8_0 F32"  CONC=1,32  REPS=3  THREADS=2  NPREDICT=128
+#   WEIGHTS=as-file (tidegate --weights)  BIN=target/release/tidegate-engine
+#   PEER_CACHE=$HOME/.cache/peer-llamacpp (as the peer script)  OUT=<dir for raw results>
+# Build first: cargo build --release -p tidegate-engine
+set -euo pipefail
+
+root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+peer="$(cd "${root}/../shared/peer" && pwd)"
+FORMATS="${FORMATS:-Q4_1 Q8_0 F32}"
+CONC="${CONC:-1,32}"
+REPS="${REPS:-3}"
+THREADS="${THREADS:-2}"
+NPREDICT="${NPREDICT:-128}"
+WEIGHTS="${WEIGHTS:-as-file}"
+BIN="${BIN:-${CARGO_TARGET_DIR:-${root}/target}/release/tidegate-engine}"
+CACHE="${PEER_CACHE:-$HOME/.cache/peer-llamacpp}"
+CHROOT="${CACHE}/sid-root"
+MODEL_BASE="SmolLM2-135M-Instruct"
+OUT="${OUT:-$(mktemp -d /tmp/bench-vs-llamacpp.XXXXXX)}"
+LLAMA_PORT=18080
+TG_PORT=18090
+mkdir -p "${OUT}"
+
+log() { printf '[%s] %s\n' "$(date -u +%H:%M:%S)" "$*" >&2; }
+
+[[ -x "${BIN}" ]] || { echo "no ${BIN}: cargo build --release -p tidegate-engine" >&2; exit 1; }
+log "setting up the peer (idempotent)"
+PEER_EXTRA_QUANTS=Q8_0 PEER_SKIP="bench server membw" "${peer}/peer-llamacpp.sh" >"${OUT}/peer-setup.log" 2>&1 \
+  || { tail -20 "${OUT}/peer-setup.log" >&2; exit 1; }
+
+SERVER_PID=""
+URL=""
+stop_server() {
+  if [[ -n "${SERVER_PID}" ]] && kill -0 "${SERVER_PID}" 2>/dev/null; then
+    kill "${SERVER_PID}" 2>/dev/null || true
+    for _ in $(seq 1 50); do kill -0 "${SERVER_PID}" 2>/dev/null || break; sleep 0.2; done
+    kill -9 "${SERVER_PID}" 2>/dev/null || true
+  fi
+  SERVER_PID=""
+}
+trap stop_server EXIT INT TERM
+
+wait_healthy() {  # $1 = url, $2 = log
+  for _ in $(seq 1 240); do
+    curl -fs "$1" >/dev/null 2>&1 && return 0
+    kill -0 "${SERVER_PID}" 2>/dev/null || { tail -20 "$2" >&2; exit 1; }
+    sleep 0.5
+  done
+  echo "server did not become ready: $1" >&2; exit 1
+}
+
+start_llama() {  # $1 = format
+  chroot "${CHROOT}" llama-server -m "/models/${MODEL_BASE}.$1.gguf" --host 127.0.0.1 --port "${LLAMA_PORT}" \
+    -np 32 -c 16384 --threads "${THREADS}" --threads-batch "${THREADS}" --cont-batching \
+    --seed 1234 -a "smollm2-$1" --no-webui >"${OUT}/llama-$1.log" 2>&1 &
+  SERVER_PID=$!
+  URL="http://127.0.0.1:${LLAMA_PORT}"
+  wait_healthy "${URL}/health" "${OUT}/llama-$1.log"
+}
+
+start_tidegate() {  # $1 = format
+  "${BIN}" serve --model "${CHROOT}/models/${MODEL_BASE}.$1.gguf" --served-model-name "smollm2-$1" \
+    --listen "127.0.0.1:${TG_PORT}" --admin-disabled --threads "${THREADS}" --weights "${WEIGHTS}" \
+    --max-batch-size 32 --max-queued-requests 256 --kv-blocks 4096 >"${OUT}/tidegate-$1.log" 2>&1 &
+  SERVER_PID=$!
+  URL="http://127.0.0.1:${TG_PORT}"
+  wait_healthy "${URL}/readyz" "${OUT}/tidegate-$1.log"
+}
+
+HZ="$(getconf CLK_TCK)"
+# busy jiffies of the whole machine, and of one process (with its reaped children)
+sys_busy() { awk '/^cpu /{print $2+$3+$4+$7+$8+$9; exit}' /proc/stat; }
+pid_cpu() { awk '{print $14+$15+$16+$17}' "/proc/$1/stat" 2>/dev/null || echo 0; }
+
+measure() {  # $1 = server (llama|tidegate), $2 = format, $3 = rep
+  "start_$1" "$2"   # sets SERVER_PID and URL (no subshell, so stop_server sees the pid)
+  local b0 s0 t0 b1 s1 t1 u foreign
+  b0=$(sys_busy); s0=$(pid_cpu "${SERVER_PID}"); t0=$(date +%s.%N)
+  /usr/bin/time -f '%U %S' -o "${OUT}/$1-$2-rep$3.time" \
+    python3 "${peer}/loadgen.py" "${URL}" "smollm2-$2" --concurrency "${CONC}" --max-tokens "${NPREDICT}" \
+    --rounds 1 --min-requests 4 --label "$1 $2" --json-out "${OUT}/$1-$2-rep$3.json" \
+    >"${OUT}/$1-$2-rep$3.txt" 2>&1 || true
+  b1=$(sys_busy); s1=$(pid_cpu "${SERVER_PID}"); t1=$(date +%s.%N)
+  u=$(awk '{print $1+$2}' "${OUT}/$1-$2-rep$3.time")
+  foreign=$(awk -v d=$((b1 - b0 - (s1 - s0))) -v hz="${HZ}" -v u="${u}" -v t0="${t0}" -v t1="${t1}" \
+    'BEGIN{x=(d/hz-u)/(t1-t0); if (x<0) x=0; printf "%.2f", x}')
+  echo "${foreign}" >"${OUT}/$1-$2-rep$3.foreign"
+  stop_server
+  log "$1 $2 rep $3: $(awk '/^ +[0-9]+ /{printf "c=%s %s tok/s  ", $1, $6}' "${OUT}/$1-$2-rep$3.txt")foreign ${foreign} cores"
+}
+
+for fmt in ${FORMATS}; do
+  for rep in $(seq 1 "${REPS}"); do
+    if (( rep % 2 )); then order="llama tidegate"; else order="tidegate llama"; fi
+    for s in ${order}; do measure "${s}" "${fmt}" "${rep}"; done
+  done
+done
+
+echo
+echo "== tidegate-engine (--weights ${WEIGHTS}) vs llama.cpp llama-server, ${THREADS} threads, ${NPREDICT}-token requests, ${REPS} alternated reps =="
+python3 - "${OUT}" "${FORMATS}" "${REPS}" <<'PY'
+import json, os, statistics, sys
+out, formats, reps = sys.argv[1], sys.argv[2].split(), int(sys.argv[3])
+foreign = []
+def rates(server, fmt):
+    by = {}
+    for r in range(1, reps + 1):
+        f = os.path.join(out, f"{server}-{fmt}-rep{r}.foreign")
+        if os.path.exists(f):
+            foreign.append(float(open(f).read()))
+        p = os.path.join(out, f"{server}-{fmt}-rep{r}.json")
+        if not os.path.exists(p):
+            continue
+        for L in json.load(open(p))["levels"]:
+            if L.get("ok"):
+                by.setdefault(L["concurrency"], []).append(L["agg_tok_s"])
+    return by
+print(f"{'format':<6} {'conc':>4} {'llama.cpp tok/s':>22} {'tidegate tok/s':>22} {'ratio':>6}")
+for fmt in formats:
+    a, b = rates("llama", fmt), rates("tidegate", fmt)
+    for c in sorted(set(a) | set(b)):
+        la, lb = a.get(c, []), b.get(c, [])
+        ma = statistics.median(la) if la else float("nan")
+        mb = statistics.median(lb) if lb else float("nan")
+        rng = lambda l: f"({min(l):.0f}..{max(l):.0f})" if l else ""
+        print(f"{fmt:<6} {c:>4} {ma:>9.1f} {rng(la):>12} {mb:>9.1f} {rng(lb):>12} {mb / ma:>6.2f}")
+if foreign:
+    print(f"foreign load (cores used by other processes) per run: median {statistics.median(foreign):.2f}, max {max(foreign):.2f}")
+PY
+echo "(median aggregate completion tok/s; (min..max) over the reps; raw results in ${OUT})"
