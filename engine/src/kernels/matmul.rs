@@ -8,9 +8,7 @@
 //! Panels are split across the rayon pool. AVX-512 and AVX2+FMA paths are picked at run
 //! time, a portable one otherwise; results differ from a naive sum only by reassociation.
 
-use rayon::prelude::*;
-
-use super::out_ptr::OutPtr;
+use super::out_ptr::{OutPtr, for_panel_ranges};
 
 /// Output columns per panel.
 pub const NR: usize = 32;
@@ -73,16 +71,9 @@ impl PackedMatrix {
     }
 
     fn matmul_with(&self, isa: Isa, x: &[f32], m: usize, y: &mut [f32]) {
-        let n = self.n;
-        let panels = n.div_ceil(NR);
-        let threads = rayon::current_num_threads().max(1);
-        let tasks = if m == 1 { threads * 2 } else { threads * 4 };
-        let per_task = panels.div_ceil(tasks).max(1);
-        let out = OutPtr::new(y);
-        (0..panels)
-            .into_par_iter()
-            .step_by(per_task)
-            .for_each(|p0| self.run_panels(isa, x, m, p0, (p0 + per_task).min(panels), out));
+        for_panel_ranges(self.n.div_ceil(NR), m, y, |p0, p1, out| {
+            self.run_panels(isa, x, m, p0, p1, out)
+        });
     }
 
     /// Computes output columns of panels `p0..p1` for all `m` rows into `out` (`[m, n]`).

@@ -1,4 +1,5 @@
-//! The output of a panel-parallel matmul, shared by its rayon tasks.
+//! The output of a panel-parallel matmul, shared by its rayon tasks, and the split of the
+//! panels into those tasks.
 //!
 //! Invariant (upheld by the callers): each task owns a disjoint set of panels, i.e. disjoint
 //! column ranges of every output row, so no element is written by two tasks; the pointer is
@@ -29,4 +30,25 @@ impl OutPtr {
         // SAFETY: in bounds and not aliased by another task (module note).
         unsafe { std::ptr::copy_nonoverlapping(src.as_ptr(), self.0.add(at), src.len()) }
     }
+}
+
+/// Runs `run(p0, p1, out)` over `0..panels` in disjoint ranges on the rayon pool: about two
+/// ranges per thread for one row (GEMV, bandwidth-bound: few, long streams), four for a
+/// batch (more, shorter ones balance the compute better). Each range is one task, so the
+/// module note's disjointness holds by construction.
+pub(crate) fn for_panel_ranges(
+    panels: usize,
+    m: usize,
+    y: &mut [f32],
+    run: impl Fn(usize, usize, OutPtr) + Send + Sync,
+) {
+    use rayon::prelude::*;
+    let threads = rayon::current_num_threads().max(1);
+    let tasks = if m == 1 { threads * 2 } else { threads * 4 };
+    let per_task = panels.div_ceil(tasks).max(1);
+    let out = OutPtr::new(y);
+    (0..panels)
+        .into_par_iter()
+        .step_by(per_task)
+        .for_each(|p0| run(p0, (p0 + per_task).min(panels), out));
 }

@@ -22,9 +22,7 @@ mod portable;
 #[cfg(target_arch = "x86_64")]
 mod x86;
 
-use rayon::prelude::*;
-
-use super::out_ptr::OutPtr;
+use super::out_ptr::{OutPtr, for_panel_ranges};
 use act::QuantRows;
 use blocks::{Q4Block, Q8Block};
 
@@ -146,15 +144,9 @@ impl QuantMatrix {
 
     /// As [`QuantMatrix::matmul`] on already quantized rows, with a given kernel.
     fn matmul_quantized(&self, isa: Isa, xq: &QuantRows, m: usize, y: &mut [f32]) {
-        let panels = self.n.div_ceil(COLS);
-        let threads = rayon::current_num_threads().max(1);
-        let tasks = if m == 1 { threads * 2 } else { threads * 4 };
-        let per_task = panels.div_ceil(tasks).max(1);
-        let out = OutPtr::new(y);
-        (0..panels)
-            .into_par_iter()
-            .step_by(per_task)
-            .for_each(|p0| self.run_panels(isa, xq, m, p0, (p0 + per_task).min(panels), out));
+        for_panel_ranges(self.n.div_ceil(COLS), m, y, |p0, p1, out| {
+            self.run_panels(isa, xq, m, p0, p1, out)
+        });
     }
 
     /// Output columns of panels `p0..p1` for all `m` rows into `out` (`[m, n]`).
