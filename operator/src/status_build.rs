@@ -30,7 +30,7 @@ pub fn build(
     let measured = match &plan.measured {
         Some(m) => Some(Measured {
             decode_tokens_per_second: round(m.decode_tokens_per_second, 1),
-            per_replica_capacity: round(m.per_replica_capacity, 1),
+            per_replica_capacity: round(m.pod.capacity_tokens_per_second, 1),
             demand_tokens_per_second: round(m.demand_tokens_per_second, 1),
             utilization: round(m.utilization, 2),
             queue_wait_p99: m.queue_wait_p99.to_string(),

@@ -168,7 +168,9 @@ impl OperatorMetrics {
             .get_or_create(&l)
             .set(outcome.workload.ready_replicas.into());
         if let Some(m) = &plan.measured {
-            self.capacity.get_or_create(&l).set(m.per_replica_capacity);
+            self.capacity
+                .get_or_create(&l)
+                .set(m.pod.capacity_tokens_per_second);
             self.itl_base.get_or_create(&l).set(m.pod.line.base_seconds);
             self.itl_per_sequence
                 .get_or_create(&l)

@@ -81,12 +81,17 @@ impl Demand {
         let k = occupancy.max(1e-6);
         finite(self.steps_per_second(with_backlog) * line.itl(k) / k)
     }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
 
     /// Occupancy per replica once the load settles on `replicas`: the k solving
     /// k = (λ/n) × (A + B·k); at or past the point where one replica's steps cannot keep up
     /// (λ/n × B ≥ 1), infinite.
-    pub fn occupancy_at(&self, line: Line, replicas: i32, with_backlog: bool) -> f64 {
-        let per = self.steps_per_second(with_backlog) / f64::from(replicas.max(1));
+    fn occupancy_at(d: &Demand, line: Line, replicas: i32, with_backlog: bool) -> f64 {
+        let per = d.steps_per_second(with_backlog) / f64::from(replicas.max(1));
         let denom = 1.0 - per * line.per_sequence_seconds;
         if denom <= 0.0 {
             f64::INFINITY
@@ -94,11 +99,6 @@ impl Demand {
             per * line.base_seconds / denom
         }
     }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
 
     const LINE: Line = Line {
         base_seconds: 0.02,
@@ -120,7 +120,7 @@ mod tests {
         // differ (a larger batch is slower, so sessions last longer), the requirement not.
         let steps = 10.0 * 12.0 / LINE.itl(12.0);
         let at10 = Demand::of(&metrics(120.0, 0.0), LINE, 10);
-        let k15 = at10.occupancy_at(LINE, 15, true);
+        let k15 = occupancy_at(&at10, LINE, 15, true);
         let at15 = Demand::of(&metrics(15.0 * k15, 0.0), LINE, 15);
         assert!((at10.steps_per_second(true) - steps).abs() < 1e-6);
         let (a, b) = (
@@ -129,7 +129,7 @@ mod tests {
         );
         assert!((a - b).abs() < 1e-6, "{a} vs {b}");
         // And predicting the occupancy back gives the occupancy it was read at.
-        assert!((at10.occupancy_at(LINE, 10, true) - 12.0).abs() < 1e-6);
+        assert!((occupancy_at(&at10, LINE, 10, true) - 12.0).abs() < 1e-6);
     }
 
     #[test]

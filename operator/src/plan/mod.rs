@@ -141,8 +141,6 @@ pub struct AdmissionPlan {
 #[derive(Clone, Debug, Default, PartialEq)]
 pub struct MeasuredPlan {
     pub decode_tokens_per_second: f64,
-    /// Demand one replica serves at the SLO: k* × r, tokens/s.
-    pub per_replica_capacity: f64,
     /// Sessions held now (unmet demand and the backlog included) × r, tokens/s.
     pub demand_tokens_per_second: f64,
     /// Sessions held now ÷ (serving replicas × k*).
@@ -151,7 +149,8 @@ pub struct MeasuredPlan {
     pub kv_utilization: f64,
     pub evictions_per_second: f64,
     pub observed_at: Millis,
-    /// The pod model's figures at the SLO (its line, k*, capacity).
+    /// The pod model's figures at the SLO: its line, k*, and the demand one replica serves at
+    /// the SLO (k* × r, tokens/s).
     pub pod: AtSlo,
     /// The load in sessions and steps per second.
     pub demand: Demand,
@@ -480,7 +479,6 @@ fn measure(
     let sessions = demand.sessions(true);
     MeasuredPlan {
         decode_tokens_per_second: m.decode_tokens_per_second,
-        per_replica_capacity: at.capacity_tokens_per_second,
         demand_tokens_per_second: sessions * r,
         utilization: sessions / (f64::from(serving) * at.sessions),
         queue_wait_p99: Duration::from_secs_f64(m.queue_wait_p99_seconds.unwrap_or(0.0)),
@@ -507,7 +505,7 @@ fn explain(
         (Some(m), _) => format!(
             "demand {:.0} tok/s, capacity {:.0} tok/s/replica, util {:.2}, queue p99 {} (target {})",
             m.demand_tokens_per_second,
-            m.per_replica_capacity,
+            m.pod.capacity_tokens_per_second,
             m.utilization,
             m.queue_wait_p99,
             spec.slo.queue_wait_p99

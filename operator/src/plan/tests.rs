@@ -195,7 +195,7 @@ fn a_replica_counts_for_at_most_max_batch_sessions_of_demand() {
     let mut pool = Pool::new(s);
     let plan = pool.tick(40.0);
     let m = plan.measured.as_ref().expect("measured");
-    assert_eq!(m.per_replica_capacity, 80.0);
+    assert_eq!(m.pod.capacity_tokens_per_second, 80.0);
     assert!((m.utilization - 10.0).abs() < 1e-9, "{m:?}");
     // 800 tok/s ÷ (80 × 0.7) ⇒ 15 replicas, 4 per step.
     assert_eq!(plan.replicas, 5);
@@ -697,7 +697,7 @@ fn the_pod_model_is_learned_from_the_engines_latency() {
     );
     assert!((m.pod.sessions - 50.0).abs() < 8.0, "k* {:?}", m.pod);
     assert!(
-        (m.per_replica_capacity - POD_CAPACITY).abs() < 120.0,
+        (m.pod.capacity_tokens_per_second - POD_CAPACITY).abs() < 120.0,
         "{m:?}"
     );
 }
