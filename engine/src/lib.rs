@@ -14,6 +14,7 @@ pub mod kv_cache;
 pub mod kv_sizing;
 pub mod metrics;
 pub mod model;
+pub mod router;
 pub mod runner;
 pub mod sampling;
 pub mod scheduler;

@@ -15,6 +15,8 @@ use tidegate_engine::server::{self, AdminAuth, RunningServer, ServerConfig};
 use tidegate_engine::tenancy::sha256_hex;
 use tokio::net::TcpListener;
 
+mod bad_requests;
+
 const TOKEN: &str = "admin-secret";
 
 struct Harness {
@@ -589,57 +591,9 @@ async fn bad_request_corpus_never_5xx() {
         ..FakeConfig::default()
     };
     let h = start(fake, config).await;
-    let chat_path = "/v1/chat/completions";
-    let cmpl_path = "/v1/completions";
-    let big = "x".repeat(100 * 1024);
-    let corpus: Vec<(&str, Vec<u8>, u16)> = vec![
-        (cmpl_path, b"".to_vec(), 400),
-        (cmpl_path, b"{".to_vec(), 400),
-        (cmpl_path, b"null".to_vec(), 400),
-        (cmpl_path, b"[]".to_vec(), 400),
-        (cmpl_path, b"\"prompt\"".to_vec(), 400),
-        (cmpl_path, b"{\"prompt\": \"\xff\xfe\"}".to_vec(), 400),
-        (cmpl_path, b"\xff\xfe\xfd".to_vec(), 400),
-        (cmpl_path, br#"{"prompt": 5}"#.to_vec(), 400),
-        (cmpl_path, br#"{"max_tokens": 5}"#.to_vec(), 400),
-        (cmpl_path, br#"{"prompt": "a", "max_tokens": 0}"#.to_vec(), 400),
-        (cmpl_path, br#"{"prompt": "a", "max_tokens": -3}"#.to_vec(), 400),
-        (cmpl_path, br#"{"prompt": "a", "max_tokens": "ten"}"#.to_vec(), 400),
-        (cmpl_path, br#"{"prompt": "a", "max_tokens": 1.5}"#.to_vec(), 400),
-        (cmpl_path, br#"{"prompt": "a", "max_tokens": 1000}"#.to_vec(), 400),
-        (cmpl_path, br#"{"prompt": "a", "temperature": 5}"#.to_vec(), 400),
-        (cmpl_path, br#"{"prompt": "a", "temperature": "hot"}"#.to_vec(), 400),
-        (cmpl_path, br#"{"prompt": "a", "top_p": 0}"#.to_vec(), 400),
-        (cmpl_path, br#"{"prompt": "a", "n": 2}"#.to_vec(), 400),
-        (cmpl_path, br#"{"prompt": "a", "stream": "yes"}"#.to_vec(), 400),
-        (cmpl_path, br#"{"prompt": "a", "stop": ["1","2","3","4","5"]}"#.to_vec(), 400),
-        (cmpl_path, br#"{"prompt": "a", "stop": [""]}"#.to_vec(), 400),
-        (cmpl_path, br#"{"prompt": "a", "seed": "x"}"#.to_vec(), 400),
-        (cmpl_path, br#"{"prompt": ""}"#.to_vec(), 400),
-        (cmpl_path, br#"{"prompt": []}"#.to_vec(), 400),
-        (cmpl_path, br#"{"prompt": ["a", "b"]}"#.to_vec(), 400),
-        (cmpl_path, br#"{"prompt": [[1], [2]]}"#.to_vec(), 400),
-        (cmpl_path, br#"{"prompt": [2000000]}"#.to_vec(), 400),
-        (cmpl_path, br#"{"prompt": [-1]}"#.to_vec(), 400),
-        (cmpl_path, br#"{"prompt": "a", "model": "gpt-9"}"#.to_vec(), 404),
-        (cmpl_path, br#"{"prompt": "a", "model": 7}"#.to_vec(), 400),
-        (cmpl_path, format!(r#"{{"prompt": "{}"}}"#, "y".repeat(300)).into_bytes(), 400),
-        (cmpl_path, format!(r#"{{"prompt": "{big}"}}"#).into_bytes(), 413),
-        (cmpl_path, "[".repeat(10_000).into_bytes(), 400),
-        (cmpl_path, br#"{"prompt": "a", "session_id": 12}"#.to_vec(), 400),
-        (chat_path, br#"{"messages": []}"#.to_vec(), 400),
-        (chat_path, br#"{"messages": "hi"}"#.to_vec(), 400),
-        (chat_path, br#"{"messages": [{"role": "robot", "content": "x"}]}"#.to_vec(), 400),
-        (chat_path, br#"{"messages": [{"content": "x"}]}"#.to_vec(), 400),
-        (chat_path, br#"{"messages": [{"role": "user", "content": 3}]}"#.to_vec(), 400),
-        (
-            chat_path,
-            br#"{"messages": [{"role": "user", "content": [{"type": "image_url", "image_url": {"url": "x"}}]}]}"#.to_vec(),
-            400,
-        ),
-        (chat_path, br#"{"messages": [{"role": "user", "content": "x"}], "max_completion_tokens": 0}"#.to_vec(), 400),
-        ("/v1/nope", b"{}".to_vec(), 404),
-    ];
+    let chat_path = bad_requests::CHAT;
+    let cmpl_path = bad_requests::COMPLETIONS;
+    let corpus = bad_requests::corpus();
     for (path, body, want) in corpus {
         let resp = h
             .client

@@ -15,6 +15,7 @@ use clap::{Args, ValueEnum};
 use tidegate_api::Quantity;
 use tidegate_api::engine_admin::EnginePolicy;
 use tidegate_api::engine_launch::{env as launch_env, flag};
+use tidegate_api::router::env as router_env;
 use tokio::net::TcpListener;
 
 use super::{AdminAuth, ServerConfig};
@@ -77,6 +78,10 @@ pub struct ServeArgs {
     /// Run without an admin API (nothing listens on --admin-listen).
     #[arg(long, env = "TIDEGATE_ADMIN_DISABLED")]
     pub admin_disabled: bool,
+    /// Shared secret of the pool's router: a request carrying it in the router-token header
+    /// is identified by the router's tenant and tier headers (read from the environment).
+    #[arg(long, env = router_env::ROUTER_TOKEN, hide_env_values = true)]
+    pub router_token: Option<String>,
     /// JSON file with the policy to use until the operator pushes one (admin API body).
     #[arg(long, env = "TIDEGATE_POLICY_FILE")]
     pub policy_file: Option<PathBuf>,
@@ -181,13 +186,26 @@ pub fn init_logging(format: LogFormat) {
 }
 
 fn admin_auth(args: &ServeArgs) -> anyhow::Result<AdminAuth> {
-    if args.admin_disabled {
+    admin_auth_from(
+        args.admin_disabled,
+        args.admin_token_file.as_deref(),
+        args.admin_token.as_deref(),
+    )
+}
+
+/// The admin API's protection from the three admin flags (the engine's and the router's).
+pub fn admin_auth_from(
+    disabled: bool,
+    token_file: Option<&std::path::Path>,
+    token: Option<&str>,
+) -> anyhow::Result<AdminAuth> {
+    if disabled {
         return Ok(AdminAuth::Disabled);
     }
-    let token = match (&args.admin_token_file, &args.admin_token) {
+    let token = match (token_file, token) {
         (Some(path), _) => std::fs::read_to_string(path)
             .with_context(|| format!("reading admin token file {}", path.display()))?,
-        (None, Some(token)) => token.clone(),
+        (None, Some(token)) => token.to_string(),
         (None, None) => bail!(super::StartError::AdminTokenMissing),
     };
     let token = token.trim().to_string();
@@ -322,6 +340,12 @@ async fn serve(args: ServeArgs) -> anyhow::Result<()> {
         drain_grace: args.drain_grace,
         admin,
         initial_policy,
+        router_token: args
+            .router_token
+            .as_deref()
+            .map(str::trim)
+            .filter(|t| !t.is_empty())
+            .map(str::to_string),
     };
     let server = super::start(config, api, admin_listener, engine, metrics)?;
     let drain = Arc::clone(&server.state.drain);
@@ -336,7 +360,7 @@ async fn serve(args: ServeArgs) -> anyhow::Result<()> {
 }
 
 #[cfg(unix)]
-async fn shutdown_signal() {
+pub(crate) async fn shutdown_signal() {
     use tokio::signal::unix::{SignalKind, signal};
     match signal(SignalKind::terminate()) {
         Ok(mut term) => {
@@ -353,6 +377,6 @@ async fn shutdown_signal() {
 }
 
 #[cfg(not(unix))]
-async fn shutdown_signal() {
+pub(crate) async fn shutdown_signal() {
     let _ = tokio::signal::ctrl_c().await;
 }

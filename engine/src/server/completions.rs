@@ -91,7 +91,7 @@ async fn admit(
     let headers = &headers;
     let body = app.read_body(request).await?;
     let policy = app.policy.get();
-    let identity = policy.identify(headers)?;
+    let identity = policy.identify_routed(headers, app.config.router_token.as_deref())?;
     tier_name.clone_from(&identity.tier.name);
     let session_header = match headers.get("x-session-id") {
         None => None,

@@ -48,6 +48,8 @@ pub enum ApiError {
     Draining,
     #[error("The engine is loading its model")]
     NotReady,
+    #[error("The pool has no ready engine yet (it is starting, or scaling up from zero)")]
+    NoReadyEngine { retry_after: Duration },
     #[error("No route for {0}")]
     NotFound(String),
     #[error("Method not allowed")]
@@ -80,6 +82,7 @@ impl ApiError {
             ApiError::Submit(e) => e.metric_label(),
             ApiError::Draining => "draining",
             ApiError::NotReady => "not_ready",
+            ApiError::NoReadyEngine { .. } => "no_ready_engine",
             ApiError::NotFound(_) => "not_found",
             ApiError::MethodNotAllowed => "method_not_allowed",
             ApiError::AdminUnauthorized => "unauthorized",
@@ -95,9 +98,10 @@ impl ApiError {
             ApiError::BodyTimeout(_) => StatusCode::REQUEST_TIMEOUT,
             ApiError::Unauthorized(_) | ApiError::AdminUnauthorized => StatusCode::UNAUTHORIZED,
             ApiError::RateLimited(_) => StatusCode::TOO_MANY_REQUESTS,
-            ApiError::NewTenantPaused { .. } | ApiError::Draining | ApiError::NotReady => {
-                StatusCode::SERVICE_UNAVAILABLE
-            }
+            ApiError::NewTenantPaused { .. }
+            | ApiError::Draining
+            | ApiError::NotReady
+            | ApiError::NoReadyEngine { .. } => StatusCode::SERVICE_UNAVAILABLE,
             ApiError::Submit(e) => match e {
                 SubmitError::QueueFull { .. } => StatusCode::TOO_MANY_REQUESTS,
                 SubmitError::QueueTimeout { .. } | SubmitError::ShuttingDown => {
@@ -137,6 +141,7 @@ impl ApiError {
             },
             ApiError::Draining => ("service_unavailable", "draining"),
             ApiError::NotReady => ("service_unavailable", "not_ready"),
+            ApiError::NoReadyEngine { .. } => ("service_unavailable", "no_ready_engine"),
             ApiError::NotFound(_) => ("invalid_request_error", "not_found"),
             ApiError::MethodNotAllowed => ("invalid_request_error", "method_not_allowed"),
             ApiError::Internal(_) => ("server_error", "internal_error"),
@@ -155,7 +160,8 @@ impl ApiError {
     pub fn retry_after(&self) -> Option<Duration> {
         match self {
             ApiError::RateLimited(e) => Some(e.retry_after),
-            ApiError::NewTenantPaused { retry_after, .. } => Some(*retry_after),
+            ApiError::NewTenantPaused { retry_after, .. }
+            | ApiError::NoReadyEngine { retry_after } => Some(*retry_after),
             ApiError::Submit(SubmitError::QueueFull { retry_after })
             | ApiError::Submit(SubmitError::QueueTimeout { retry_after, .. }) => Some(*retry_after),
             ApiError::Submit(SubmitError::ShuttingDown)

@@ -8,7 +8,7 @@
 //! drain completes.
 
 pub mod admin;
-mod body;
+pub(crate) mod body;
 pub mod cli;
 mod closing_listener;
 pub mod completions;
@@ -72,6 +72,8 @@ pub struct ServerConfig {
     pub admin: AdminAuth,
     /// Policy in force until the operator pushes one.
     pub initial_policy: EnginePolicy,
+    /// The pool router's shared secret; without it, router identity headers are ignored.
+    pub router_token: Option<String>,
 }
 
 impl Default for ServerConfig {
@@ -82,6 +84,7 @@ impl Default for ServerConfig {
             drain_grace: Duration::from_secs(30),
             admin: AdminAuth::Disabled,
             initial_policy: EnginePolicy::default(),
+            router_token: None,
         }
     }
 }

@@ -17,6 +17,7 @@ use std::time::Duration;
 use axum::http::HeaderMap;
 use sha2::{Digest, Sha256};
 use tidegate_api::engine_admin::{AdmissionState, EnginePolicy};
+use tidegate_api::router;
 use tidegate_api::{Tier, TierPolicySpec};
 
 /// Tenant of requests that carry no identity.
@@ -175,6 +176,28 @@ impl CompiledPolicy {
         })
     }
 
+    /// As [`CompiledPolicy::identify`], but a request that proves it comes from the pool's
+    /// router (its router-token header equals `router_token`) is the router's tenant and
+    /// tier: the router resolved the identity once, from the client's key or gateway headers.
+    pub fn identify_routed(
+        &self,
+        headers: &HeaderMap,
+        router_token: Option<&str>,
+    ) -> Result<Identity, IdentityError> {
+        if let Some(token) = router_token
+            && header_str(headers, router::header::ROUTER_TOKEN)
+                .is_some_and(|t| same_secret(t.as_bytes(), token.as_bytes()))
+            && let Some(tenant) = header_str(headers, router::header::TENANT)
+            && !tenant.is_empty()
+        {
+            return Ok(Identity {
+                tenant: tenant.to_string(),
+                tier: self.tier_or_default(header_str(headers, router::header::TIER)),
+            });
+        }
+        self.identify(headers)
+    }
+
     /// True when the new-tenant gate refuses this identity: its tier is paused, pausable,
     /// and the tenant is not in the pushed registry.
     pub fn refuses_new_tenant(&self, id: &Identity) -> bool {
@@ -187,6 +210,11 @@ impl CompiledPolicy {
     pub fn tier_paused(&self, tier: &Tier) -> bool {
         tier.admission.pausable && self.paused_tiers.contains(&tier.name)
     }
+}
+
+/// Compares two secrets without stopping at the first differing byte.
+pub fn same_secret(a: &[u8], b: &[u8]) -> bool {
+    a.len() == b.len() && a.iter().zip(b).fold(0u8, |acc, (x, y)| acc | (x ^ y)) == 0
 }
 
 fn header_str<'a>(headers: &'a HeaderMap, name: &str) -> Option<&'a str> {
@@ -290,6 +318,25 @@ mod tests {
             (id.tenant.as_str(), id.tier.name.as_str()),
             (ANONYMOUS, "free")
         );
+    }
+
+    #[test]
+    fn router_headers_count_only_with_the_router_token() {
+        let p = CompiledPolicy::compile(&policy()).unwrap();
+        let routed = headers(&[
+            (router::header::TENANT, "acme"),
+            (router::header::TIER, "enterprise"),
+            (router::header::ROUTER_TOKEN, "s3cret"),
+        ]);
+        let id = p.identify_routed(&routed, Some("s3cret")).unwrap();
+        assert_eq!(
+            (id.tenant.as_str(), id.tier.name.as_str()),
+            ("acme", "enterprise")
+        );
+        let id = p.identify_routed(&routed, Some("other")).unwrap();
+        assert_eq!(id.tenant, ANONYMOUS, "a wrong token is ignored");
+        let id = p.identify_routed(&routed, None).unwrap();
+        assert_eq!(id.tenant, ANONYMOUS, "no router configured");
     }
 
     #[test]

@@ -131,10 +131,10 @@ pub fn model_format_arg(format: crate::ModelFormat) -> &'static str {
     }
 }
 
-struct Args(Vec<String>);
+pub(crate) struct Args(pub(crate) Vec<String>);
 
 impl Args {
-    fn flag(&mut self, name: &str, value: impl ToString) {
+    pub(crate) fn flag(&mut self, name: &str, value: impl ToString) {
         self.0.push(format!("--{name}"));
         self.0.push(value.to_string());
     }
@@ -191,7 +191,11 @@ pub fn engine_launch(
     a.0.extend(e.extra_args.iter().cloned());
     Ok(EngineLaunch {
         args: a.0,
-        env: vec![(env::ADMIN_TOKEN, EnvValue::AdminToken)],
+        // The router proves itself with the pool's admin token: one Secret, one trust domain.
+        env: vec![
+            (env::ADMIN_TOKEN, EnvValue::AdminToken),
+            (crate::router::env::ROUTER_TOKEN, EnvValue::AdminToken),
+        ],
     })
 }
 

@@ -138,6 +138,59 @@ pub struct InferencePoolSpec {
     /// every request is served in one default tier that is never paused.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub tier_policy_ref: Option<LocalObjectReference>,
+    /// The pool's front door: the router that picks an engine per request (KV affinity),
+    /// applies pool-wide admission and holds requests while the pool scales from zero.
+    #[serde(default)]
+    pub router: RouterSpec,
+}
+
+/// The pool router (`tidegate-engine route`): CPU-only pods in front of the engines.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct RouterSpec {
+    /// Router pods (at least 2 for availability; each enforces 1/replicas of every tenant's
+    /// rate limit, so the pool-wide limit is the tier's).
+    #[serde(default = "default_router_replicas")]
+    #[schemars(range(min = 1, max = 64))]
+    pub replicas: i32,
+    /// How much more than the mean load one engine may take before a session spills to the
+    /// next engine on the ring (consistent hashing with bounded load).
+    #[serde(default = "default_load_factor")]
+    #[schemars(range(min = 1.0, max = 4.0))]
+    pub load_factor: f64,
+    /// How long a request is held while the pool has no ready engine (scale from zero, or
+    /// every engine restarting); past it the request gets 503 + Retry-After.
+    #[serde(default = "default_hold_timeout")]
+    #[schemars(schema_with = "crate::duration::positive_schema")]
+    pub hold_timeout: Duration,
+    /// Requests held at most, per router, while no engine is ready; more get 503 at once.
+    #[serde(default = "default_max_held")]
+    #[schemars(range(min = 0, max = 100000))]
+    pub max_held_requests: u32,
+}
+
+fn default_router_replicas() -> i32 {
+    2
+}
+fn default_load_factor() -> f64 {
+    1.25
+}
+fn default_hold_timeout() -> Duration {
+    Duration::from_secs(300)
+}
+fn default_max_held() -> u32 {
+    256
+}
+
+impl Default for RouterSpec {
+    fn default() -> Self {
+        RouterSpec {
+            replicas: default_router_replicas(),
+            load_factor: default_load_factor(),
+            hold_timeout: default_hold_timeout(),
+            max_held_requests: default_max_held(),
+        }
+    }
 }
 
 /// A reference to an object in the same namespace.

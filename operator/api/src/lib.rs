@@ -13,6 +13,7 @@ pub mod engine_metrics;
 pub mod exposition;
 pub mod inference_pool;
 pub mod quantity;
+pub mod router;
 #[cfg(feature = "kube")]
 pub mod status;
 pub mod tier_policy;

@@ -1,0 +1,424 @@
+//! The router over real sockets, in front of real engine servers (fake backend): session
+//! affinity, streaming passthrough, identity forwarded with the router token, the pause at
+//! the router, a held request served once an engine appears (scale from zero), a stopped
+//! engine taken out within a second, and the bad-request corpus (no 5xx, OpenAI shapes).
+
+// Test helpers outside #[test] functions: unwrap is the point here.
+#![allow(clippy::unwrap_used)]
+
+use std::collections::{HashMap, HashSet};
+use std::time::{Duration, Instant};
+
+use serde_json::{Value, json};
+use tidegate_api::engine_admin::{AdmissionPush, AdmissionState, EnginePolicy};
+use tidegate_api::router::{ENDPOINTS_PATH, RouterEndpoint, RouterEndpoints, header};
+use tidegate_engine::fake_engine::{FakeConfig, FakeEngine};
+use tidegate_engine::metrics::Metrics;
+use tidegate_engine::router::dispatch::DispatchConfig;
+use tidegate_engine::router::{self, RouterConfig, RunningRouter};
+use tidegate_engine::server::{self, AdminAuth, RunningServer, ServerConfig};
+use tokio::net::TcpListener;
+
+mod bad_requests;
+
+const TOKEN: &str = "pool-secret";
+
+struct Engine {
+    url: String,
+    admin: String,
+    server: RunningServer,
+}
+
+async fn engine(token_delay_ms: u64) -> Engine {
+    engine_with(FakeConfig {
+        token_delay: Duration::from_millis(token_delay_ms),
+        ..FakeConfig::default()
+    })
+    .await
+}
+
+async fn engine_with(fake: FakeConfig) -> Engine {
+    let metrics = Metrics::new();
+    let backend = FakeEngine::start(fake, metrics.clone());
+    let api = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let admin = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let config = ServerConfig {
+        admin: AdminAuth::Token(TOKEN.into()),
+        router_token: Some(TOKEN.into()),
+        initial_policy: gateway_policy(),
+        ..ServerConfig::default()
+    };
+    let server = server::start(config, api, Some(admin), backend, metrics).unwrap();
+    Engine {
+        url: format!("http://{}", server.api_addr),
+        admin: format!("http://{}", server.admin_addr.unwrap()),
+        server,
+    }
+}
+
+fn endpoint(e: &Engine) -> RouterEndpoint {
+    RouterEndpoint {
+        name: e.url.trim_start_matches("http://").to_string(),
+        url: e.url.clone(),
+        accepting: true,
+    }
+}
+
+fn dispatch_config() -> DispatchConfig {
+    DispatchConfig {
+        engine_slots: 64,
+        max_queued: 64,
+        max_held: 8,
+        hold_timeout: Duration::from_secs(20),
+        load_factor: 1.25,
+        aging_per_second: 20.0,
+    }
+}
+
+struct Router {
+    base: String,
+    admin: String,
+    _running: RunningRouter,
+    http: reqwest::Client,
+}
+
+async fn start_router(engines: &[&Engine], policy: EnginePolicy) -> Router {
+    start_router_with(engines, policy, 1 << 20).await
+}
+
+async fn start_router_with(engines: &[&Engine], policy: EnginePolicy, max_body: usize) -> Router {
+    let api = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let admin = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let config = RouterConfig {
+        dispatch: dispatch_config(),
+        max_body_bytes: max_body,
+        body_read_timeout: Duration::from_secs(5),
+        admin: AdminAuth::Token(TOKEN.into()),
+        router_token: Some(TOKEN.into()),
+        limit_share: 1,
+        initial_policy: policy,
+        endpoints: engines.iter().map(|e| endpoint(e)).collect(),
+    };
+    let running = router::start(config, api, Some(admin)).unwrap();
+    let r = Router {
+        base: format!("http://{}", running.api_addr),
+        admin: format!("http://{}", running.admin_addr.unwrap()),
+        _running: running,
+        http: reqwest::Client::new(),
+    };
+    r.wait_ready(engines.len()).await;
+    r
+}
+
+impl Router {
+    async fn endpoints(&self) -> Value {
+        self.http
+            .get(format!("{}{ENDPOINTS_PATH}", self.admin))
+            .bearer_auth(TOKEN)
+            .send()
+            .await
+            .unwrap()
+            .json()
+            .await
+            .unwrap()
+    }
+
+    async fn wait_ready(&self, n: usize) {
+        let deadline = Instant::now() + Duration::from_secs(10);
+        loop {
+            let v = self.endpoints().await;
+            let ready = v["endpoints"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .filter(|e| e["state"] == "ready")
+                .count();
+            if ready == n {
+                return;
+            }
+            assert!(Instant::now() < deadline, "engines not ready: {v}");
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    }
+
+    async fn complete(
+        &self,
+        tenant: &str,
+        session: Option<&str>,
+        prompt: &str,
+    ) -> reqwest::Response {
+        let mut req = self
+            .http
+            .post(format!("{}/v1/completions", self.base))
+            .header("x-tidegate-tenant", tenant)
+            .json(&json!({"model": "fake", "prompt": prompt, "max_tokens": 4}));
+        if let Some(s) = session {
+            req = req.header(header::SESSION, s);
+        }
+        req.send().await.unwrap()
+    }
+
+    async fn metrics(&self) -> String {
+        self.http
+            .get(format!("{}/metrics", self.base))
+            .send()
+            .await
+            .unwrap()
+            .text()
+            .await
+            .unwrap()
+    }
+}
+
+fn engine_of(r: &reqwest::Response) -> String {
+    r.headers()[header::ENGINE].to_str().unwrap().to_string()
+}
+
+/// Gateway headers on, so tests name tenants without API keys.
+fn gateway_policy() -> EnginePolicy {
+    let spec = serde_json::from_value(json!({
+        "tiers": [
+            {"name": "enterprise", "priority": 100, "admission": {"pausable": false}},
+            {"name": "free", "priority": 1}
+        ],
+        "defaultTier": "free",
+        "tenancy": {"gatewayHeaders": {}}
+    }))
+    .unwrap();
+    EnginePolicy {
+        tier_policy: Some(spec),
+        ..EnginePolicy::default()
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sessions_stick_to_one_engine_and_spread_across_engines() {
+    let (a, b, c) = (engine(1).await, engine(1).await, engine(1).await);
+    let r = start_router(&[&a, &b, &c], gateway_policy()).await;
+    let mut owner: HashMap<String, String> = HashMap::new();
+    for round in 0..3 {
+        for s in 0..30 {
+            let session = format!("s{s}");
+            let resp = r.complete("acme", Some(&session), "hello").await;
+            assert_eq!(resp.status(), 200);
+            let e = engine_of(&resp);
+            let first = owner.entry(session.clone()).or_insert_with(|| e.clone());
+            assert_eq!(*first, e, "round {round}: session {session} moved");
+        }
+    }
+    let used: HashSet<&String> = owner.values().collect();
+    assert_eq!(used.len(), 3, "30 sessions over 3 engines use all of them");
+    let m = r.metrics().await;
+    assert!(
+        m.contains(r#"tidegate_router_affinity_total{key="session",result="hit"} 90"#),
+        "{m}"
+    );
+    assert!(m.contains(r#"tidegate_router_requests_total{tier="free",outcome="served"} 90"#));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn streams_pass_through_with_usage_and_identity_reaches_the_engine() {
+    let a = engine(1).await;
+    let r = start_router(&[&a], gateway_policy()).await;
+    let resp = r
+        .http
+        .post(format!("{}/v1/chat/completions", r.base))
+        .header("x-tidegate-tenant", "acme")
+        .header("x-tidegate-tier", "enterprise")
+        .json(&json!({
+            "model": "fake",
+            "messages": [{"role": "user", "content": "hi there"}],
+            "stream": true,
+            "stream_options": {"include_usage": true},
+        }))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(resp.status(), 200);
+    assert!(
+        resp.headers()["content-type"]
+            .to_str()
+            .unwrap()
+            .starts_with("text/event-stream")
+    );
+    let text = resp.text().await.unwrap();
+    assert!(text.trim_end().ends_with("data: [DONE]"), "{text}");
+    assert!(text.contains("\"usage\""), "{text}");
+    // The engine saw the router's tenant: its registry has it.
+    let tenants: Value = r
+        .http
+        .get(format!("{}/admin/v1/tenants?since=0", a.admin))
+        .bearer_auth(TOKEN)
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    let t = &tenants["tenants"][0];
+    assert_eq!(
+        (t["tenant"].as_str(), t["tier"].as_str()),
+        (Some("acme"), Some("enterprise"))
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_paused_tier_refuses_new_tenants_at_the_router() {
+    let a = engine(1).await;
+    let mut policy = gateway_policy();
+    policy.admission = AdmissionPush {
+        state: AdmissionState::PausedNewTenants,
+        paused_tiers: vec!["free".into()],
+        retry_after_seconds: 17,
+        reason: "pool at its ceiling".into(),
+    };
+    policy.admitted_tenants = vec!["old".into()];
+    let r = start_router(&[&a], policy).await;
+    let resp = r.complete("newcomer", None, "hello").await;
+    assert_eq!(resp.status(), 503);
+    assert_eq!(resp.headers()["retry-after"], "17");
+    let v: Value = resp.json().await.unwrap();
+    assert_eq!(v["error"]["code"], "new_tenant_admission_paused");
+    assert!(v["error"]["message"].as_str().unwrap().contains("ceiling"));
+    assert_eq!(r.complete("old", None, "hello").await.status(), 200);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_request_is_held_until_the_first_engine_is_ready() {
+    let r = start_router(&[], gateway_policy()).await;
+    let base = r.base.clone();
+    let held = tokio::spawn(async move {
+        reqwest::Client::new()
+            .post(format!("{base}/v1/completions"))
+            .json(&json!({"model": "fake", "prompt": "wake up", "max_tokens": 3}))
+            .send()
+            .await
+            .unwrap()
+    });
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while !r.metrics().await.contains("tidegate_router_held 1") {
+        assert!(Instant::now() < deadline, "the request was not held");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    // The operator scales 0 → 1 and pushes the new engine.
+    let a = engine(1).await;
+    let push = RouterEndpoints {
+        endpoints: vec![endpoint(&a)],
+    };
+    let status = r
+        .http
+        .put(format!("{}{ENDPOINTS_PATH}", r.admin))
+        .bearer_auth(TOKEN)
+        .json(&push)
+        .send()
+        .await
+        .unwrap()
+        .status();
+    assert_eq!(status, 204);
+    let resp = tokio::time::timeout(Duration::from_secs(10), held)
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(resp.status(), 200);
+    assert!(r.metrics().await.contains("tidegate_router_held 0"));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_hold_past_its_bound_is_a_503_with_retry_after() {
+    let api = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let mut dispatch = dispatch_config();
+    dispatch.hold_timeout = Duration::from_millis(300);
+    let config = RouterConfig {
+        dispatch,
+        max_body_bytes: 1 << 20,
+        body_read_timeout: Duration::from_secs(5),
+        admin: AdminAuth::Disabled,
+        router_token: None,
+        limit_share: 1,
+        initial_policy: gateway_policy(),
+        endpoints: vec![],
+    };
+    let running = router::start(config, api, None).unwrap();
+    let resp = reqwest::Client::new()
+        .post(format!("http://{}/v1/completions", running.api_addr))
+        .json(&json!({"model": "fake", "prompt": "x"}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(resp.status(), 503);
+    assert!(resp.headers().contains_key("retry-after"));
+    let v: Value = resp.json().await.unwrap();
+    assert_eq!(v["error"]["code"], "no_ready_engine");
+    running.abort();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stopped_engine_gets_no_new_request_within_a_second() {
+    let (a, b) = (engine(1).await, engine(1).await);
+    let r = start_router(&[&a, &b], gateway_policy()).await;
+    let gone = a.url.trim_start_matches("http://").to_string();
+    a.server.drain(Some(Duration::ZERO));
+    let stopped = Instant::now();
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    for s in 0..20 {
+        let resp = r.complete("acme", Some(&format!("s{s}")), "hello").await;
+        assert_eq!(
+            resp.status(),
+            200,
+            "every request is served by the other engine"
+        );
+        assert_ne!(
+            engine_of(&resp),
+            gone,
+            "{:?} after the stop",
+            stopped.elapsed()
+        );
+    }
+    let v = r.endpoints().await;
+    let states: Vec<&str> = v["endpoints"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|e| e["state"].as_str().unwrap())
+        .collect();
+    assert!(states.contains(&"ready"), "{v}");
+    drop(b);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_engines_bad_request_corpus_gets_the_same_answers_through_the_router() {
+    let a = engine_with(FakeConfig {
+        context_length: bad_requests::CONTEXT_TOKENS,
+        ..FakeConfig::default()
+    })
+    .await;
+    let r = start_router_with(&[&a], gateway_policy(), bad_requests::MAX_BODY_BYTES).await;
+    for (path, body, want) in bad_requests::corpus() {
+        let resp = r
+            .http
+            .post(format!("{}{path}", r.base))
+            .header("content-type", "application/json")
+            .body(body.clone())
+            .send()
+            .await
+            .unwrap();
+        let status = resp.status().as_u16();
+        let shown = String::from_utf8_lossy(&body[..body.len().min(80)]).to_string();
+        let v: Value = resp
+            .json()
+            .await
+            .unwrap_or_else(|e| panic!("{shown}: body is not JSON: {e}"));
+        assert!(v["error"]["message"].is_string(), "{shown}: {v}");
+        assert!(v["error"]["type"].is_string(), "{shown}: {v}");
+        assert_eq!(status, want, "{shown}: {v}");
+    }
+    let unauthorized = r
+        .http
+        .get(format!("{}{ENDPOINTS_PATH}", r.admin))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(unauthorized.status(), 401);
+    let m = r.metrics().await;
+    assert!(!m.contains("engine_error"), "{m}");
+}

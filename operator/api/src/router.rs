@@ -1,0 +1,272 @@
+//! The pool router contract: how the operator (and local mode) launches `tidegate-engine
+//! route`, the headers that cross router ↔ engine, the router's admin API, and its metric
+//! families. One definition; the router's clap parser, the engine's trust check, the
+//! operator's pushes and its metric reads all use these constants.
+//!
+//! Router admin routes (all require `Authorization: Bearer <admin token>`; without it: 401):
+//! - `PUT /admin/v1/policy`     body [`EnginePolicy`](crate::engine_admin::EnginePolicy) → 204
+//!   (the same push engines take: tier policy, admission, registry)
+//! - `PUT /admin/v1/endpoints`  body [`RouterEndpoints`] → 204 (the pool's engines, whole)
+//! - `GET /admin/v1/endpoints`  → [`EndpointsView`]
+//!
+//! Invariants: identity is resolved once, at the router; engines believe the identity
+//! headers only with the router token ([`header::ROUTER_TOKEN`]), which never reaches a
+//! client and is never logged; endpoint lists are pushed whole.
+
+use serde::{Deserialize, Serialize};
+
+use crate::engine_launch::{Args, whole_seconds};
+use crate::engine_metrics::{Kind, Label, Metric};
+use crate::inference_pool::InferencePoolSpec;
+
+/// The router's subcommand of the engine binary.
+pub const ROUTE: &str = "route";
+/// Router API port in a pod (OpenAI API, /metrics, /healthz, /readyz).
+pub const HTTP_PORT: u16 = 8000;
+/// Router admin API port in a pod.
+pub const ADMIN_PORT: u16 = 8001;
+pub const ENDPOINTS_PATH: &str = "/admin/v1/endpoints";
+
+/// The router's command-line flags (without `--`).
+pub mod flag {
+    pub const LISTEN: &str = "listen";
+    pub const ADMIN_LISTEN: &str = "admin-listen";
+    /// A static engine (repeatable): `http://host:port`, for local use and tests.
+    pub const ENDPOINT: &str = "endpoint";
+    /// Requests one engine may hold at once (running + its own queue).
+    pub const ENGINE_SLOTS: &str = "engine-slots";
+    pub const MAX_QUEUED_REQUESTS: &str = "max-queued-requests";
+    pub const LOAD_FACTOR: &str = "load-factor";
+    pub const HOLD_TIMEOUT: &str = "hold-timeout";
+    pub const MAX_HELD_REQUESTS: &str = "max-held-requests";
+    /// Router replicas sharing the pool's rate limits (each enforces 1/N).
+    pub const LIMIT_SHARE: &str = "limit-share";
+    pub const LOG_FORMAT: &str = "log-format";
+}
+
+/// Environment variables of the router and of the engines behind it.
+pub mod env {
+    /// The shared secret engines require before believing the router's identity headers.
+    pub const ROUTER_TOKEN: &str = "TIDEGATE_ROUTER_TOKEN";
+}
+
+/// Headers between router and engine (and the one a client sees).
+pub mod header {
+    /// Set by the router on every response: the engine that served it.
+    pub const ENGINE: &str = "x-tidegate-engine";
+    /// Router → engine: the tenant the router resolved.
+    pub const TENANT: &str = "x-tidegate-router-tenant";
+    /// Router → engine: the tenant's tier.
+    pub const TIER: &str = "x-tidegate-router-tier";
+    /// Router → engine: proves the two headers above come from the pool's router.
+    pub const ROUTER_TOKEN: &str = "x-tidegate-router-token";
+    /// Client → router/engine: the session whose KV a request continues.
+    pub const SESSION: &str = "x-session-id";
+}
+
+/// One engine of the pool, as the operator pushes it.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct RouterEndpoint {
+    /// Stable name (the pod's); the affinity ring hashes it.
+    pub name: String,
+    /// Base URL of the engine's OpenAI API, e.g. `http://10.0.0.7:8000`.
+    pub url: String,
+    /// False once the operator started draining it: no new request goes there.
+    #[serde(default = "yes")]
+    pub accepting: bool,
+}
+
+fn yes() -> bool {
+    true
+}
+
+/// `PUT /admin/v1/endpoints`: the whole set.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct RouterEndpoints {
+    pub endpoints: Vec<RouterEndpoint>,
+}
+
+/// One engine as the router sees it.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct EndpointView {
+    pub name: String,
+    pub url: String,
+    /// One of [`ENDPOINT_STATES`].
+    pub state: String,
+    pub in_flight: u64,
+}
+
+/// `GET /admin/v1/endpoints`.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct EndpointsView {
+    pub endpoints: Vec<EndpointView>,
+    /// Requests held because no engine is ready.
+    pub held: u64,
+}
+
+/// States of an engine at the router (`endpoints` gauge label).
+pub const ENDPOINT_STATES: &[&str] = &["ready", "not_ready", "draining", "down"];
+/// Outcomes of a request at the router.
+pub const ROUTER_OUTCOMES: &[&str] = &[
+    "served",
+    "engine_error",
+    "queue_full",
+    "queue_timeout",
+    "hold_timeout",
+    "paused",
+    "rate_limited",
+    "unauthorized",
+    "bad_request",
+];
+/// How a request with an affinity key was placed.
+pub const AFFINITY_RESULTS: &[&str] = &["hit", "spill", "miss"];
+
+const TIER: Label = Label {
+    name: "tier",
+    values: &[],
+};
+
+pub const REQUESTS: Metric = Metric {
+    name: "tidegate_router_requests",
+    series: "tidegate_router_requests_total",
+    kind: Kind::Counter,
+    help: "Requests by tier and outcome at the router",
+    labels: &[
+        TIER,
+        Label {
+            name: "outcome",
+            values: ROUTER_OUTCOMES,
+        },
+    ],
+    buckets: &[],
+};
+pub const AFFINITY: Metric = Metric {
+    name: "tidegate_router_affinity",
+    series: "tidegate_router_affinity_total",
+    kind: Kind::Counter,
+    help: "Placements of requests with a session or prefix key: hit (the key's engine), spill \
+           (the next engine on the ring, the key's was over its load bound), miss (the key's \
+           engine was not ready)",
+    labels: &[
+        Label {
+            name: "key",
+            values: &["session", "prefix"],
+        },
+        Label {
+            name: "result",
+            values: AFFINITY_RESULTS,
+        },
+    ],
+    buckets: &[],
+};
+pub const QUEUE_WAIT: Metric = Metric {
+    name: "tidegate_router_queue_wait_seconds",
+    series: "tidegate_router_queue_wait_seconds_bucket",
+    kind: Kind::Histogram,
+    help: "Time a request waited at the router for an engine with room, by tier",
+    labels: &[TIER],
+    buckets: crate::engine_metrics::QUEUE_WAIT_BUCKETS,
+};
+pub const QUEUED: Metric = Metric {
+    name: "tidegate_router_queued",
+    series: "tidegate_router_queued",
+    kind: Kind::Gauge,
+    help: "Requests waiting at the router for an engine with room",
+    labels: &[],
+    buckets: &[],
+};
+pub const HELD: Metric = Metric {
+    name: "tidegate_router_held",
+    series: "tidegate_router_held",
+    kind: Kind::Gauge,
+    help: "Requests held because the pool has no ready engine (scale from zero)",
+    labels: &[],
+    buckets: &[],
+};
+pub const ENDPOINTS: Metric = Metric {
+    name: "tidegate_router_endpoints",
+    series: "tidegate_router_endpoints",
+    kind: Kind::Gauge,
+    help: "Engines known to the router, by state",
+    labels: &[Label {
+        name: "state",
+        values: ENDPOINT_STATES,
+    }],
+    buckets: &[],
+};
+
+/// Every router metric family.
+pub const ALL: &[Metric] = &[REQUESTS, AFFINITY, QUEUE_WAIT, QUEUED, HELD, ENDPOINTS];
+
+/// Where one router runs.
+#[derive(Clone, Debug)]
+pub struct RouterSite {
+    pub bind_host: String,
+    pub api_port: u16,
+    pub admin_port: u16,
+    /// Static engines (local mode and tests); empty in a cluster, where the operator pushes.
+    pub endpoints: Vec<String>,
+    pub log_format: &'static str,
+}
+
+/// The router's command line (starting with the subcommand) for `spec` at `site`. Its
+/// environment is the admin token and the router token, as the engines'.
+pub fn router_args(spec: &InferencePoolSpec, site: &RouterSite) -> Vec<String> {
+    let r = &spec.router;
+    let e = &spec.engine;
+    let mut a = Args(vec![ROUTE.to_string()]);
+    a.flag(
+        flag::LISTEN,
+        format!("{}:{}", site.bind_host, site.api_port),
+    );
+    a.flag(
+        flag::ADMIN_LISTEN,
+        format!("{}:{}", site.bind_host, site.admin_port),
+    );
+    for ep in &site.endpoints {
+        a.flag(flag::ENDPOINT, ep);
+    }
+    a.flag(
+        flag::ENGINE_SLOTS,
+        e.max_batch_size.saturating_add(e.max_queued_requests),
+    );
+    a.flag(
+        flag::MAX_QUEUED_REQUESTS,
+        e.max_queued_requests.saturating_mul(2).max(64),
+    );
+    a.flag(flag::LOAD_FACTOR, r.load_factor);
+    a.flag(flag::HOLD_TIMEOUT, whole_seconds(&r.hold_timeout));
+    a.flag(flag::MAX_HELD_REQUESTS, r.max_held_requests);
+    a.flag(flag::LIMIT_SHARE, r.replicas.max(1));
+    a.flag(flag::LOG_FORMAT, site.log_format);
+    a.0
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn metric_series_match_their_kind() {
+        for m in ALL {
+            let want = match m.kind {
+                Kind::Counter => format!("{}_total", m.name),
+                Kind::Gauge => m.name.to_string(),
+                Kind::Histogram => format!("{}_bucket", m.name),
+            };
+            assert_eq!(m.series, want, "{}", m.name);
+            assert!(m.name.starts_with("tidegate_router_"));
+        }
+    }
+
+    #[test]
+    fn endpoints_default_to_accepting() {
+        let e: RouterEndpoint =
+            serde_json::from_str(r#"{"name":"a","url":"http://127.0.0.1:1"}"#).unwrap();
+        assert!(e.accepting);
+    }
+}
