@@ -314,7 +314,7 @@ async fn a_request_is_held_until_the_first_engine_is_ready() {
         .await
         .unwrap()
         .status();
-    assert_eq!(status, 204);
+    assert_eq!(status, 200);
     let resp = tokio::time::timeout(Duration::from_secs(10), held)
         .await
         .unwrap()

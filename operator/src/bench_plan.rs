@@ -98,6 +98,7 @@ pub fn run(args: &BenchPlanArgs) -> anyhow::Result<()> {
                     pods_reporting: replicas[i],
                     sampled_at: now,
                 }),
+                held_requests: 0,
             };
             let t0 = Instant::now();
             let p = plan::plan(&specs[i], tiers.as_ref(), &obs, &mut states[i]);
@@ -106,6 +107,7 @@ pub fn run(args: &BenchPlanArgs) -> anyhow::Result<()> {
                 replicas: Some(replicas[i]),
                 ready_replicas: replicas[i],
                 endpoints: Vec::new(),
+                routers: Vec::new(),
                 selector: String::new(),
             };
             let status = status_build::build(

@@ -17,7 +17,7 @@
 
 mod decide;
 
-use std::collections::HashMap;
+use std::collections::{BTreeMap, HashMap};
 use std::sync::{Arc, Mutex};
 
 use tokio::sync::Mutex as AsyncMutex;
@@ -151,6 +151,9 @@ impl<W: WorkloadRuntime, M: MetricsSource, E: EngineControl, R: RegistryStore> D
 
         let workload = self.runtime.observe(pool).await?;
         let token = self.runtime.admin_token(pool).await.unwrap_or_default();
+        let held_requests = self
+            .push_endpoints(pool, &workload, &token, &mem.actions.draining)
+            .await;
         let metrics = self
             .metrics
             .read(pool, spec, &workload.endpoints, now)
@@ -160,6 +163,7 @@ impl<W: WorkloadRuntime, M: MetricsSource, E: EngineControl, R: RegistryStore> D
             current_replicas: workload.replicas.unwrap_or(0),
             ready_replicas: workload.ready_replicas,
             metrics,
+            held_requests,
         };
         let plan = plan::plan(spec, input.tiers, &obs, &mut mem.plan);
         info!(pool = %pool, decision = %plan.explanation, "plan");
@@ -172,9 +176,20 @@ impl<W: WorkloadRuntime, M: MetricsSource, E: EngineControl, R: RegistryStore> D
             generation: input.generation,
             now,
         });
+        let drains_before: Vec<String> = mem.actions.draining.keys().cloned().collect();
         let reapplied = self
             .execute_replicas(input, &token, actions, &mut mem.actions)
             .await?;
+        if mem
+            .actions
+            .draining
+            .keys()
+            .any(|k| !drains_before.contains(k))
+        {
+            // Routers stop sending to a replica the moment its drain starts.
+            self.push_endpoints(pool, &workload, &token, &mem.actions.draining)
+                .await;
+        }
         let registry = self
             .execute_registry(input, &workload, &token, &mut mem.registry)
             .await?;
@@ -312,7 +327,33 @@ impl<W: WorkloadRuntime, M: MetricsSource, E: EngineControl, R: RegistryStore> D
         Ok(registry)
     }
 
-    /// Pushes the policy to every ready engine; true when every push succeeded.
+    /// Gives every router the pool's engines (draining ones as not accepting); returns the
+    /// requests the routers hold for want of a ready engine. A failed push is logged and
+    /// retried next tick (routers keep the last set and probe it themselves).
+    async fn push_endpoints(
+        &self,
+        pool: &PoolRef,
+        workload: &WorkloadState,
+        token: &str,
+        draining: &BTreeMap<String, Millis>,
+    ) -> u64 {
+        let set = decide::router_endpoints(workload, |name| draining.contains_key(name));
+        let mut held = 0;
+        for router in &workload.routers {
+            match self.control.push_endpoints(router, token, &set).await {
+                Ok(view) => held += view.held,
+                Err(e) => {
+                    warn!(pool = %pool, error = %e, "endpoint push to a router failed; retrying next tick")
+                }
+            }
+        }
+        if held > 0 {
+            info!(pool = %pool, held, engines = set.endpoints.len(), "requests held at the routers for want of a ready engine");
+        }
+        held
+    }
+
+    /// Pushes the policy to every ready engine and router; true when every push succeeded.
     async fn push_policy(
         &self,
         pool: &PoolRef,
@@ -321,7 +362,8 @@ impl<W: WorkloadRuntime, M: MetricsSource, E: EngineControl, R: RegistryStore> D
         policy: &EnginePolicy,
     ) -> bool {
         let mut ok = true;
-        for ep in workload.endpoints.iter().filter(|e| e.ready) {
+        let targets = workload.endpoints.iter().chain(&workload.routers);
+        for ep in targets.filter(|e| e.ready) {
             if let Err(e) = self.control.push_policy(ep, token, policy).await {
                 warn!(pool = %pool, error = %e, "policy push failed; retrying next tick");
                 ok = false;

@@ -74,6 +74,7 @@ impl WorkloadRuntime for Fake {
             ready_replicas: w.endpoints.iter().filter(|e| e.ready).count() as i32,
             endpoints: w.endpoints.clone(),
             selector: "pool=p".into(),
+            routers: Vec::new(),
         })
     }
 
@@ -131,6 +132,15 @@ impl MetricsSource for Fake {
 }
 
 impl EngineControl for Fake {
+    async fn push_endpoints(
+        &self,
+        _router: &Endpoint,
+        _token: &str,
+        _set: &tidegate_api::router::RouterEndpoints,
+    ) -> Result<tidegate_api::router::EndpointsView, ControlError> {
+        Ok(tidegate_api::router::EndpointsView::default())
+    }
+
     async fn push_policy(
         &self,
         _ep: &Endpoint,

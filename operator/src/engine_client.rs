@@ -8,6 +8,7 @@ use std::time::Duration;
 use tidegate_api::engine_admin::{
     AdmittedTenants, DRAIN_PATH, DrainRequest, DrainStatus, EnginePolicy, POLICY_PATH, TENANTS_PATH,
 };
+use tidegate_api::router::{ENDPOINTS_PATH, EndpointsView, RouterEndpoints};
 
 use crate::ports::{ControlError, Endpoint, EngineControl};
 
@@ -121,5 +122,26 @@ impl EngineControl for HttpEngineControl {
             .await
             .map_err(|e| err(ep, e))?;
         check(ep, resp).await?.json().await.map_err(|e| err(ep, e))
+    }
+
+    async fn push_endpoints(
+        &self,
+        router: &Endpoint,
+        token: &str,
+        set: &RouterEndpoints,
+    ) -> Result<EndpointsView, ControlError> {
+        let resp = self
+            .http
+            .put(format!("{}{ENDPOINTS_PATH}", router.admin_url))
+            .bearer_auth(token)
+            .json(set)
+            .send()
+            .await
+            .map_err(|e| err(router, e))?;
+        check(router, resp)
+            .await?
+            .json()
+            .await
+            .map_err(|e| err(router, e))
     }
 }

@@ -3,9 +3,9 @@
 //!
 //! | port            | cluster                               | local mode                     |
 //! |-----------------|---------------------------------------|--------------------------------|
-//! | WorkloadRuntime | Deployment + Service + PDB (SSA)      | engine processes on this host  |
+//! | WorkloadRuntime | Deployments + Services + PDBs (SSA)   | engine + router processes here |
 //! | MetricsSource   | Prometheus (PromQL)                   | engines' /metrics scraped      |
-//! | EngineControl   | engine admin API over HTTP            | same                           |
+//! | EngineControl   | engine and router admin APIs (HTTP)   | same                           |
 //! | RegistryStore   | a ConfigMap per pool                  | a file per pool                |
 //! | StatusSink      | status subresource + Events           | console table + decision log   |
 //!
@@ -15,6 +15,7 @@ use std::future::Future;
 
 use tidegate_api::InferencePoolSpec;
 use tidegate_api::engine_admin::{AdmittedTenants, DrainStatus, EnginePolicy};
+use tidegate_api::router::{EndpointsView, RouterEndpoints};
 
 use crate::plan::{MetricsProblem, PoolMetrics};
 use crate::registry::Registry;
@@ -52,6 +53,8 @@ pub struct WorkloadState {
     pub replicas: Option<i32>,
     pub ready_replicas: i32,
     pub endpoints: Vec<Endpoint>,
+    /// The pool's router replicas (their admin API takes the policy and the engine set).
+    pub routers: Vec<Endpoint>,
     /// Label selector of the pool's pods, for status.selector.
     pub selector: String,
 }
@@ -128,6 +131,13 @@ pub trait EngineControl: Send + Sync {
         ep: &Endpoint,
         token: &str,
     ) -> impl Future<Output = Result<DrainStatus, ControlError>> + Send;
+    /// Gives a router the pool's engines (whole); answers what the router holds.
+    fn push_endpoints(
+        &self,
+        router: &Endpoint,
+        token: &str,
+        set: &RouterEndpoints,
+    ) -> impl Future<Output = Result<EndpointsView, ControlError>> + Send;
 }
 
 /// A registry store failure.

@@ -42,6 +42,7 @@ impl WorkloadRuntime for MemRuntime {
             replicas,
             ready_replicas: replicas.unwrap_or(0),
             endpoints: vec![],
+            routers: vec![],
             selector: format!("tidegate.dev/pool={}", pool.name),
         })
     }
@@ -87,6 +88,14 @@ impl MetricsSource for SteadyMetrics {
 struct NoEngines;
 
 impl EngineControl for NoEngines {
+    async fn push_endpoints(
+        &self,
+        _: &Endpoint,
+        _: &str,
+        _: &tidegate_api::router::RouterEndpoints,
+    ) -> Result<tidegate_api::router::EndpointsView, ControlError> {
+        Ok(Default::default())
+    }
     async fn push_policy(
         &self,
         _: &Endpoint,

@@ -55,6 +55,14 @@ struct FakeControl {
 }
 
 impl EngineControl for FakeControl {
+    async fn push_endpoints(
+        &self,
+        _: &Endpoint,
+        _: &str,
+        _: &tidegate_api::router::RouterEndpoints,
+    ) -> Result<tidegate_api::router::EndpointsView, ControlError> {
+        Ok(Default::default())
+    }
     async fn push_policy(
         &self,
         ep: &Endpoint,

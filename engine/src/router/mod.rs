@@ -482,18 +482,18 @@ async fn put_endpoints(
     State(app): State<Arc<RouterState>>,
     headers: HeaderMap,
     request: Request,
-) -> Result<StatusCode, ApiError> {
+) -> Result<Json<EndpointsView>, ApiError> {
     authorize(&app, &headers)?;
     let body = admin_body(&app, request).await?;
     let set: RouterEndpoints = serde_json::from_slice(&body)
         .map_err(|e| ApiError::invalid(format!("invalid endpoints: {e}"), None))?;
-    tracing::info!(
+    tracing::debug!(
         engines = set.endpoints.len(),
         accepting = set.endpoints.iter().filter(|e| e.accepting).count(),
         "endpoints pushed"
     );
     app.dispatch.set_endpoints(&set.endpoints);
-    Ok(StatusCode::NO_CONTENT)
+    Ok(endpoints_view(&app))
 }
 
 async fn get_endpoints(
@@ -501,8 +501,12 @@ async fn get_endpoints(
     headers: HeaderMap,
 ) -> Result<Json<EndpointsView>, ApiError> {
     authorize(&app, &headers)?;
+    Ok(endpoints_view(&app))
+}
+
+fn endpoints_view(app: &RouterState) -> Json<EndpointsView> {
     let (engines, held) = app.dispatch.view();
-    Ok(Json(EndpointsView {
+    Json(EndpointsView {
         endpoints: engines
             .into_iter()
             .map(|e| EndpointView {
@@ -513,5 +517,5 @@ async fn get_endpoints(
             })
             .collect(),
         held: held as u64,
-    }))
+    })
 }

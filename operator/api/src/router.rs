@@ -6,7 +6,8 @@
 //! Router admin routes (all require `Authorization: Bearer <admin token>`; without it: 401):
 //! - `PUT /admin/v1/policy`     body [`EnginePolicy`](crate::engine_admin::EnginePolicy) → 204
 //!   (the same push engines take: tier policy, admission, registry)
-//! - `PUT /admin/v1/endpoints`  body [`RouterEndpoints`] → 204 (the pool's engines, whole)
+//! - `PUT /admin/v1/endpoints`  body [`RouterEndpoints`] → 200 [`EndpointsView`] (the pool's
+//!   engines, whole; the answer carries the held count the operator scales from zero on)
 //! - `GET /admin/v1/endpoints`  → [`EndpointsView`]
 //!
 //! Invariants: identity is resolved once, at the router; engines believe the identity

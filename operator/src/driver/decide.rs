@@ -307,3 +307,22 @@ pub fn push_due(last: Option<&(EnginePolicy, Millis)>, policy: &EnginePolicy, no
 #[cfg(test)]
 #[path = "decide_tests.rs"]
 mod tests;
+
+/// The engine set a router gets: every replica the runtime runs, accepting unless it is
+/// being drained (the router probes readiness itself).
+pub fn router_endpoints(
+    workload: &WorkloadState,
+    draining: impl Fn(&str) -> bool,
+) -> tidegate_api::router::RouterEndpoints {
+    tidegate_api::router::RouterEndpoints {
+        endpoints: workload
+            .endpoints
+            .iter()
+            .map(|e| tidegate_api::router::RouterEndpoint {
+                name: e.name.clone(),
+                url: e.api_url.clone(),
+                accepting: !draining(&e.name),
+            })
+            .collect(),
+    }
+}

@@ -41,6 +41,7 @@ fn workload(replicas: Option<i32>, endpoints: &[(&str, bool)]) -> WorkloadState 
         ready_replicas: endpoints.iter().filter(|e| e.ready).count() as i32,
         endpoints,
         selector: "pool=p".into(),
+        routers: Vec::new(),
     }
 }
 

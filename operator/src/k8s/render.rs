@@ -58,6 +58,7 @@ pub fn first_replicas(spec: &InferencePoolSpec) -> i32 {
         current_replicas: 0,
         ready_replicas: 0,
         metrics: Err(MetricsProblem::NoData("not applied yet".to_string())),
+        held_requests: 0,
     };
     plan::plan(spec, None, &obs, &mut PlanState::default()).replicas
 }

@@ -152,6 +152,8 @@ impl WorkloadRuntime for K8sRuntime {
             replicas,
             ready_replicas,
             endpoints,
+            // The router Deployment's pods: filled in with the router objects.
+            routers: Vec::new(),
             selector,
         })
     }

@@ -449,6 +449,7 @@ impl WorkloadRuntime for LocalRuntime {
             replicas: Some(desired),
             ready_replicas: endpoints.iter().filter(|e| e.ready).count() as i32,
             endpoints,
+            routers: Vec::new(),
             selector: format!("tidegate.dev/pool={}", pool.name),
         })
     }

@@ -81,6 +81,8 @@ pub struct Observation {
     /// Replicas ready to serve.
     pub ready_replicas: i32,
     pub metrics: Result<PoolMetrics, MetricsProblem>,
+    /// Requests the pool's routers hold because no engine is ready (scale from zero).
+    pub held_requests: u64,
 }
 
 /// Everything the planner remembers between ticks for one pool.
@@ -256,6 +258,17 @@ pub fn plan(
             };
             (hold, why.to_string())
         }
+    };
+    // Scale from zero: held requests are demand no engine can measure, and the first
+    // replica is what serves them.
+    let (wanted, why) = if obs.held_requests > 0 && current == 0 && wanted < 1 {
+        let why = format!(
+            "{} request(s) held at the router while the pool has no engine: scaling from zero",
+            obs.held_requests
+        );
+        (1, why)
+    } else {
+        (wanted, why)
     };
     let desired = wanted.clamp(min, ceil);
     // A count lifted to the floor (or cut to the ceiling) says so, not what it was lifted from:

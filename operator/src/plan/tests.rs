@@ -109,6 +109,7 @@ impl Pool {
             current_replicas: self.replicas,
             ready_replicas: self.replicas,
             metrics: self.metrics(sessions),
+            held_requests: 0,
         };
         let plan = super::plan(&self.spec, Some(&self.tiers), &obs, &mut self.state);
         self.replicas = plan.replicas;
@@ -125,6 +126,7 @@ impl Pool {
             current_replicas: self.replicas,
             ready_replicas: ready,
             metrics: self.metrics(sessions),
+            held_requests: 0,
         };
         super::plan(&self.spec, Some(&self.tiers), &obs, &mut self.state)
     }
@@ -223,6 +225,7 @@ fn the_queue_wait_raise_waits_for_replicas_already_starting() {
                 sampled_at: pool.now,
                 ..queued()
             }),
+            held_requests: 0,
         };
         super::plan(&pool.spec, Some(&pool.tiers), &obs, &mut pool.state)
     };
@@ -257,6 +260,7 @@ fn ticks_over_target(pool: &mut Pool, current: i32, ready: i32, ticks: u32) -> V
                     sampled_at: pool.now,
                     ..PoolMetrics::default()
                 }),
+                held_requests: 0,
             };
             super::plan(&pool.spec, Some(&pool.tiers), &obs, &mut pool.state)
         })
@@ -745,6 +749,7 @@ fn stale_metrics_are_treated_as_missing() {
             pods_reporting: 1,
             ..Default::default()
         }),
+        held_requests: 0,
     };
     let p = super::plan(&pool.spec, Some(&pool.tiers), &obs, &mut pool.state);
     assert_eq!(p.replicas, before);
@@ -766,6 +771,7 @@ fn a_new_pool_s_first_replicas_are_explained_as_the_floor() {
         metrics: Err(MetricsProblem::NoData(
             "no engine replicas to scrape".into(),
         )),
+        held_requests: 0,
     };
     let p = super::plan(&spec(2, 5), Some(&tiers()), &obs, &mut state);
     assert_eq!(p.desired_replicas, 2);
@@ -775,4 +781,25 @@ fn a_new_pool_s_first_replicas_are_explained_as_the_floor() {
         "{}",
         d.reason
     );
+}
+
+#[test]
+fn held_requests_scale_an_empty_pool_from_zero_and_nothing_else_does() {
+    let obs = |held| Observation {
+        now: 1_000,
+        current_replicas: 0,
+        ready_replicas: 0,
+        metrics: Err(MetricsProblem::NoData(
+            "no engine replicas to scrape".into(),
+        )),
+        held_requests: held,
+    };
+    let mut state = PlanState::default();
+    let idle = super::plan(&spec(0, 5), Some(&tiers()), &obs(0), &mut state);
+    assert_eq!(idle.replicas, 0, "no demand, no replica");
+    let mut state = PlanState::default();
+    let p = super::plan(&spec(0, 5), Some(&tiers()), &obs(3), &mut state);
+    assert_eq!(p.replicas, 1);
+    let d = p.decision.expect("a decision");
+    assert!(d.reason.contains("scaling from zero"), "{}", d.reason);
 }

@@ -260,6 +260,7 @@ impl Controller {
                     current_replicas: ctx.pool.current(),
                     ready_replicas: ctx.pool.ready(),
                     metrics: ctx.pipeline.query(ctx.pool, ctx.now_us),
+                    held_requests: 0,
                 };
                 let p = plan::plan(spec, Some(tiers), &obs, state);
                 let mut paused = [false; NTIERS];
