@@ -81,7 +81,7 @@ else
   say "installing CUDA 13.0 wheels into $site (about 1.2 GB; a few minutes on first run)"
   # --no-deps: every dependency is pinned above, so nothing resolves to a newer release.
   PIP_ROOT_USER_ACTION=ignore python3 -m pip install --quiet --disable-pip-version-check \
-    --no-deps --no-compile --target "$site.new" "${PINS[@]}" \
+    --no-cache-dir --no-deps --no-compile --target "$site.new" "${PINS[@]}" \
     || die "pip could not install the CUDA wheels (${PINS[*]})"
   rm -rf "$site"
   mv "$site.new" "$site"
