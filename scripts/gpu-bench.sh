@@ -104,6 +104,7 @@ if [[ "$mode" == build ]]; then
   cat "$out_dir/BUILD-INFO"
   echo "built in $((SECONDS - t0))s: $out_dir/tidegate-engine ($((size >> 20)) MiB stripped)"
   [[ "$size" -le "$max_bytes" ]] || die "the stripped binary is $((size >> 20)) MiB, over the 64 MiB to carry"
+  echo "note: $built is now the CUDA build; 'cargo build --release -p tidegate-engine' puts the CPU one back"
   exit 0
 fi
 
