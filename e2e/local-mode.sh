@@ -22,7 +22,7 @@ OUT="$WORK/local.out"
 "$BIN/tidegate-operator" local -f examples/local/ --engine-bin "$BIN/tidegate-engine" \
     --time-scale 0.5 --state-dir "$WORK/state" >"$OUT" 2>&1
 rc=$?
-tail -16 "$OUT" | sed 's/^/       | /'
+tail -20 "$OUT" | sed 's/^/       | /'
 
 check "local mode exits 0 (the pool settled after the load)" test "$rc" -eq 0
 max=$(awk '/^  *max:/ {print $2; exit}' examples/local/pool.yaml)
@@ -33,6 +33,10 @@ check "new tenants of pausable tiers refused with 503" \
 check "admission reopened after the hold time" grep -q "event Normal AdmissionReopened" "$OUT"
 check "scaled back down to replicas.min" grep -q "event Normal ScaledDown: 2 → 1 replicas" "$OUT"
 check "existing tenants served throughout" grep -Eq "served/existing/enterprise +[1-9]" "$OUT"
+check "the load went through the router, whose summary reports affinity hits" \
+    grep -Eq "^router affinity: +[1-9][0-9]* session hits" "$OUT"
+check "the summary reports KV restores avoided and held requests" \
+    bash -c "grep -q '^KV restores avoided:' '$OUT' && grep -q '^held requests:' '$OUT'"
 if grep -Eq "^  error/" "$OUT"; then
     fail "no request lost to a connection error" "$(grep -E '^  error/' "$OUT")"
 else

@@ -200,6 +200,7 @@ fn check_local(pool: &InferencePool) {
         extra_args: Vec::new(),
         file_sd_path: None,
         engine_book: None,
+        routers_file: None,
     });
     let pref = PoolRef {
         namespace: "ns".to_string(),

@@ -211,6 +211,9 @@ pub struct RouterSite {
     pub admin_port: u16,
     /// Static engines (local mode and tests); empty in a cluster, where the operator pushes.
     pub endpoints: Vec<String>,
+    /// Routers sharing the tenants' limits: `spec.router.replicas` in a cluster, 1 where
+    /// one router runs (local mode).
+    pub limit_share: i32,
     pub log_format: &'static str,
 }
 
@@ -242,7 +245,7 @@ pub fn router_args(spec: &InferencePoolSpec, site: &RouterSite) -> Vec<String> {
     a.flag(flag::LOAD_FACTOR, r.load_factor);
     a.flag(flag::HOLD_TIMEOUT, whole_seconds(&r.hold_timeout));
     a.flag(flag::MAX_HELD_REQUESTS, r.max_held_requests);
-    a.flag(flag::LIMIT_SHARE, r.replicas.max(1));
+    a.flag(flag::LIMIT_SHARE, site.limit_share.max(1));
     a.flag(flag::LOG_FORMAT, site.log_format);
     a.0
 }

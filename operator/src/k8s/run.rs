@@ -192,6 +192,7 @@ async fn run(args: RunArgs) -> anyhow::Result<()> {
                 file_sd_path: args.file_sd.clone(),
                 // A killed operator's engines keep running; the next one adopts them.
                 engine_book: Some(args.local_state_dir.join("engines.json")),
+                routers_file: Some(args.local_state_dir.join("routers.json")),
             });
             let driver = Driver::new(
                 runtime,

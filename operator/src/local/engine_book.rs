@@ -32,6 +32,9 @@ pub struct PoolEntry {
     /// Index of the next replica's name.
     pub next_index: u32,
     pub replicas: Vec<ReplicaEntry>,
+    /// The pool's router process (books written before routers existed have none).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub router: Option<ReplicaEntry>,
 }
 
 /// One engine process.
@@ -109,6 +112,7 @@ mod tests {
                     api_port: 20001,
                     admin_port: 20002,
                 }],
+                router: None,
             }],
         };
         book.save(&path).expect("save");

@@ -4,8 +4,10 @@
 //! *existing*); load then ramps up beyond what the pool can serve at its ceiling while new
 //! tenants keep arriving; then it ebbs to nothing. Tenants are identified to engines with
 //! the trusted-gateway headers (`x-tidegate-tenant`, `x-tidegate-tier`), as a gateway in
-//! front of the pool would. Invariants: requests go only to loopback engine endpoints; every
-//! loop is bounded by the scenario's end time; every outcome is counted exactly once.
+//! front of the pool would, and every request goes to the pool's router (its front door),
+//! which resolves the tenant, applies admission and picks the engine. Invariants: requests
+//! go only to the loopback router; every loop is bounded by the scenario's end time; every
+//! outcome is counted exactly once.
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
@@ -13,8 +15,6 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 use tokio::sync::watch;
-
-use crate::ports::Endpoint;
 
 /// The tidal scenario, in wall-clock time.
 #[derive(Clone, Debug)]
@@ -103,7 +103,7 @@ fn tier_of(i: usize) -> &'static str {
 }
 
 /// Runs the scenario until its end; returns the tally.
-pub async fn run(shape: TideShape, endpoints: watch::Receiver<Vec<Endpoint>>) -> Arc<Tally> {
+pub async fn run(shape: TideShape, front: watch::Receiver<Option<String>>) -> Arc<Tally> {
     let tally = Arc::new(Tally::default());
     let start = Instant::now();
     let end = start + shape.total();
@@ -122,12 +122,7 @@ pub async fn run(shape: TideShape, endpoints: watch::Receiver<Vec<Endpoint>>) ->
             tier: tier_of(i).to_string(),
             existing: i < shape.base_users,
         };
-        let (shape, eps, tally, http) = (
-            shape.clone(),
-            endpoints.clone(),
-            tally.clone(),
-            http.clone(),
-        );
+        let (shape, eps, tally, http) = (shape.clone(), front.clone(), tally.clone(), http.clone());
         tasks.push(tokio::spawn(async move {
             user_loop(i, user, shape, start, end, eps, tally, http).await;
         }));
@@ -145,7 +140,7 @@ async fn user_loop(
     shape: TideShape,
     start: Instant,
     end: Instant,
-    endpoints: watch::Receiver<Vec<Endpoint>>,
+    front: watch::Receiver<Option<String>>,
     tally: Arc<Tally>,
     http: reqwest::Client,
 ) {
@@ -155,17 +150,10 @@ async fn user_loop(
             tokio::time::sleep(Duration::from_millis(250)).await;
             continue;
         }
-        let ready: Vec<Endpoint> = endpoints
-            .borrow()
-            .iter()
-            .filter(|e| e.ready)
-            .cloned()
-            .collect();
-        if ready.is_empty() {
+        let Some(router) = front.borrow().clone() else {
             tokio::time::sleep(Duration::from_millis(250)).await;
             continue;
-        }
-        let ep = &ready[(index + n) % ready.len()];
+        };
         n += 1;
         let kind = if user.existing { "existing" } else { "new" };
         // Newcomers keep arriving: every few requests a newcomer slot is a brand-new tenant.
@@ -182,7 +170,7 @@ async fn user_loop(
             "temperature": 0.0,
         });
         let resp = http
-            .post(format!("{}/v1/completions", ep.api_url))
+            .post(format!("{router}/v1/completions"))
             .header("x-tidegate-tenant", &tenant)
             .header("x-tidegate-tier", &user.tier)
             .header("x-session-id", format!("{tenant}-{}", n % 3))
@@ -212,11 +200,9 @@ async fn user_loop(
                 Duration::from_secs(retry.unwrap_or(1).clamp(1, 3))
             }
             Err(e) if e.is_connect() => {
-                // The endpoint list is one tick old and this engine has left (drained, then
-                // stopped): nothing was sent. A gateway would route elsewhere; so does this
-                // client, at once (the next try takes the next endpoint).
-                tally.add(&format!("rerouted/engine_gone/{kind}"));
-                Duration::from_millis(20)
+                // The router is not up (yet, or it is being restarted): nothing was sent.
+                tally.add(&format!("unsent/router_unreachable/{kind}"));
+                Duration::from_millis(250)
             }
             Err(e) => {
                 // Sent, then lost: the connection broke or timed out mid-request.

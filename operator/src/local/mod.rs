@@ -8,8 +8,10 @@
 
 pub mod engine_book;
 pub mod files;
+mod front_door;
 pub mod loadgen;
 mod process;
+mod router_process;
 pub mod runtime;
 
 use std::collections::HashMap;
@@ -24,7 +26,7 @@ use tracing::info;
 use crate::direct_metrics::DirectMetrics;
 use crate::driver::{Driver, TickInput, TickOutcome};
 use crate::engine_client::HttpEngineControl;
-use crate::ports::{Endpoint, PoolRef};
+use crate::ports::PoolRef;
 use files::FileRegistry;
 use loadgen::TideShape;
 use runtime::{LocalRuntime, LocalRuntimeConfig};
@@ -135,6 +137,7 @@ pub async fn run(args: LocalArgs) -> anyhow::Result<()> {
         file_sd_path: None,
         // Local mode stops its engines when it ends: nothing to adopt.
         engine_book: None,
+        routers_file: None,
     });
     let driver = Driver::new(
         runtime,
@@ -180,7 +183,13 @@ pub async fn run(args: LocalArgs) -> anyhow::Result<()> {
         pool.spec.scaling.interval
     );
 
-    let (ep_tx, ep_rx) = watch::channel(Vec::<Endpoint>::new());
+    // The load goes to the pool's front door: its router, once the first apply started it.
+    let (front_tx, front_rx) = watch::channel(None::<String>);
+    let mut front = front_door::FrontDoor::default();
+    let http = reqwest::Client::builder()
+        .timeout(Duration::from_secs(2))
+        .build()
+        .unwrap_or_else(|_| reqwest::Client::new());
     let scale = args.time_scale.max(0.05);
     let secs = |s: f64| Duration::from_secs_f64(s * scale);
     let shape = TideShape {
@@ -194,7 +203,7 @@ pub async fn run(args: LocalArgs) -> anyhow::Result<()> {
         model: pool.spec.model.name.clone(),
     };
     let started = Instant::now();
-    let mut load = (!args.no_load).then(|| tokio::spawn(loadgen::run(shape.clone(), ep_rx)));
+    let mut load = (!args.no_load).then(|| tokio::spawn(loadgen::run(shape.clone(), front_rx)));
     let mut load_done_at: Option<Instant> = None;
     let mut tally = None;
     let mut unsettled = false;
@@ -225,7 +234,17 @@ pub async fn run(args: LocalArgs) -> anyhow::Result<()> {
                 continue;
             }
         };
-        let _ = ep_tx.send(out.workload.endpoints.clone());
+        let router = driver.runtime.router_url(&pref).await;
+        if let Some(url) = &router {
+            front.sample(&http, url, out.workload.ready_replicas).await;
+        }
+        front_tx.send_if_modified(|cur| {
+            let changed = *cur != router;
+            if changed {
+                cur.clone_from(&router);
+            }
+            changed
+        });
         record(&mut summary, &out, &pool, started);
         print_row(
             &pref,
@@ -264,6 +283,9 @@ pub async fn run(args: LocalArgs) -> anyhow::Result<()> {
         .shutdown(pool.spec.engine.drain_grace_period.as_std())
         .await;
     print_summary(&summary, tally.as_deref(), started.elapsed());
+    for line in front.lines() {
+        println!("{line}");
+    }
     // Let engines finish their drain and exit before we go.
     tokio::time::sleep(Duration::from_millis(500)).await;
     if unsettled {

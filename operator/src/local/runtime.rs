@@ -27,6 +27,7 @@ use tracing::{info, warn};
 
 use super::engine_book::{EngineBook, PoolEntry, ReplicaEntry};
 use super::process::{Process, ProcessState};
+use super::router_process;
 use crate::ports::{Endpoint, PoolRef, RuntimeError, WorkloadRuntime, WorkloadState};
 
 /// How local engines are started.
@@ -48,6 +49,9 @@ pub struct LocalRuntimeConfig {
     /// When set, the engines are recorded here, and those still running when the runtime
     /// starts are adopted (with the admin token they were started with).
     pub engine_book: Option<PathBuf>,
+    /// When set, each pool's router URL is written here (`[{namespace, pool, url}]`): the
+    /// pool's front door, for clients and tests.
+    pub routers_file: Option<PathBuf>,
 }
 
 /// One replica's process: program, arguments and environment.
@@ -74,6 +78,8 @@ struct LocalPool {
     spec: Option<InferencePoolSpec>,
     next_index: u32,
     replicas: Vec<Replica>,
+    /// The pool's router (started at the first apply).
+    router: Option<Replica>,
 }
 
 /// Engine processes on this machine.
@@ -114,14 +120,63 @@ impl LocalRuntime {
         Some(r.name.clone())
     }
 
-    /// Stops every engine: SIGTERM, then a kill after `grace`.
+    /// Stops every engine and router: SIGTERM, then a kill after `grace`.
     pub async fn shutdown(&self, grace: Duration) {
         let mut pools = self.pools.lock().await;
         for (_, pool) in pools.iter_mut() {
             for r in pool.replicas.drain(..) {
                 stop_replica(r, grace);
             }
+            if let Some(r) = pool.router.take() {
+                stop_replica(r, Duration::from_secs(2));
+            }
         }
+    }
+
+    /// The base URL of a pool's router, once it runs: the pool's front door.
+    pub async fn router_url(&self, pool: &PoolRef) -> Option<String> {
+        let pools = self.pools.lock().await;
+        let r = pools.get(pool)?.router.as_ref()?;
+        Some(format!("http://127.0.0.1:{}", r.api_port))
+    }
+
+    /// Starts the pool's router unless it runs; a router that exited is started again.
+    fn ensure_router(
+        &self,
+        pool: &PoolRef,
+        p: &mut LocalPool,
+        spec: &InferencePoolSpec,
+    ) -> Result<(), RuntimeError> {
+        if let Some(r) = p.router.as_mut() {
+            match r.process.state() {
+                ProcessState::Running => return Ok(()),
+                other => warn!(pool = %pool, state = ?other, "router exited; starting it again"),
+            }
+        }
+        let name = router_process::router_name(pool);
+        let (api_port, admin_port) = (free_port()?, free_port()?);
+        std::fs::create_dir_all(&self.cfg.log_dir)
+            .map_err(|e| RuntimeError(format!("log dir: {e}")))?;
+        let log = self
+            .cfg
+            .log_dir
+            .join(format!("{}.{name}.log", pool.namespace));
+        let launch = router_process::router_command(
+            &self.cfg.engine_bin,
+            &self.cfg.admin_token,
+            spec,
+            api_port,
+            admin_port,
+        );
+        let process = router_process::spawn_logged(&launch, &log, "router")?;
+        router_process::started(pool, api_port, admin_port, &log);
+        p.router = Some(Replica {
+            name,
+            api_port,
+            admin_port,
+            process,
+        });
+        Ok(())
     }
 
     fn model_path(&self, spec: &InferencePoolSpec) -> Result<PathBuf, RuntimeError> {
@@ -264,6 +319,34 @@ impl LocalRuntime {
         }
     }
 
+    /// Rewrites the routers file (write then rename).
+    async fn write_routers(&self) {
+        let Some(path) = &self.cfg.routers_file else {
+            return;
+        };
+        let pools = self.pools.lock().await;
+        let mut rows: Vec<serde_json::Value> = pools
+            .iter()
+            .filter_map(|(pref, p)| {
+                let r = p.router.as_ref()?;
+                Some(serde_json::json!({
+                    "namespace": pref.namespace,
+                    "pool": pref.name,
+                    "url": format!("http://127.0.0.1:{}", r.api_port),
+                }))
+            })
+            .collect();
+        drop(pools);
+        rows.sort_by_key(|r| r.to_string());
+        let tmp = path.with_extension("tmp");
+        if std::fs::write(&tmp, serde_json::Value::Array(rows).to_string())
+            .and_then(|_| std::fs::rename(&tmp, path))
+            .is_err()
+        {
+            warn!(path = %path.display(), "could not write the routers file");
+        }
+    }
+
     /// Rewrites the engine book when what it records changed.
     async fn write_book(&self) {
         let Some(path) = &self.cfg.engine_book else {
@@ -279,6 +362,7 @@ impl LocalRuntime {
                     desired: p.desired,
                     next_index: p.next_index,
                     replicas: p.replicas.iter().filter_map(replica_entry).collect(),
+                    router: p.router.as_ref().and_then(replica_entry),
                 })
                 .collect();
             entries.sort_by(|a, b| (&a.namespace, &a.name).cmp(&(&b.namespace, &b.name)));
@@ -298,8 +382,12 @@ impl LocalRuntime {
     }
 
     async fn ready(&self, r: &Replica) -> bool {
+        self.ready_at(r.api_port).await
+    }
+
+    async fn ready_at(&self, api_port: u16) -> bool {
         matches!(
-            self.http.get(format!("http://127.0.0.1:{}{READYZ_PATH}", r.api_port)).send().await,
+            self.http.get(format!("http://127.0.0.1:{api_port}{READYZ_PATH}")).send().await,
             Ok(resp) if resp.status().is_success()
         )
     }
@@ -310,7 +398,10 @@ impl Drop for LocalRuntime {
         // kill_on_drop ends every child, and adopted engines are killed here: nothing may
         // outlive a clean shutdown.
         if let Ok(mut pools) = self.pools.try_lock() {
-            for r in pools.values_mut().flat_map(|p| p.replicas.iter_mut()) {
+            for r in pools
+                .values_mut()
+                .flat_map(|p| p.replicas.iter_mut().chain(p.router.as_mut()))
+            {
                 if matches!(r.process, Process::Adopted { .. }) {
                     r.process.kill_now();
                 }
@@ -344,10 +435,25 @@ fn adopt(cfg: &mut LocalRuntimeConfig, book: EngineBook) -> HashMap<PoolRef, Loc
                 admin_port: r.admin_port,
             })
             .collect();
-        if replicas.is_empty() {
+        let router = entry
+            .router
+            .filter(|r| super::process::engine_alive(r.pid, r.api_port))
+            .map(|r| Replica {
+                process: Process::Adopted {
+                    pid: r.pid,
+                    api_port: r.api_port,
+                },
+                name: r.name,
+                api_port: r.api_port,
+                admin_port: r.admin_port,
+            });
+        if replicas.is_empty() && router.is_none() {
             continue;
         }
-        adopted += replicas.len();
+        if let Some(r) = &router {
+            info!(pool = %pref, router = %r.name, api = r.api_port, "adopted the router an earlier operator started");
+        }
+        adopted += replicas.len() + usize::from(router.is_some());
         let names: Vec<&str> = replicas.iter().map(|r| r.name.as_str()).collect();
         info!(pool = %pref, replicas = ?names, desired = entry.desired, "adopted the engines an earlier operator started");
         pools.insert(
@@ -358,6 +464,7 @@ fn adopt(cfg: &mut LocalRuntimeConfig, book: EngineBook) -> HashMap<PoolRef, Loc
                 spec: None,
                 next_index: entry.next_index,
                 replicas,
+                router,
             },
         );
     }
@@ -431,6 +538,13 @@ impl WorkloadRuntime for LocalRuntime {
                 p.replicas.push(self.spawn(pool, &spec, index)?);
             }
         }
+        if let Some(spec) = p.spec.clone() {
+            self.ensure_router(pool, p, &spec)?;
+        }
+        let router = p
+            .router
+            .as_ref()
+            .map(|r| (r.name.clone(), r.api_port, r.admin_port));
         let mut endpoints = Vec::new();
         for r in &p.replicas {
             endpoints.push(Endpoint {
@@ -441,7 +555,17 @@ impl WorkloadRuntime for LocalRuntime {
             });
         }
         drop(pools);
+        let mut routers = Vec::new();
+        if let Some((name, api, admin)) = router {
+            routers.push(Endpoint {
+                name,
+                api_url: format!("http://127.0.0.1:{api}"),
+                admin_url: format!("http://127.0.0.1:{admin}"),
+                ready: self.ready_at(api).await,
+            });
+        }
         self.write_file_sd().await;
+        self.write_routers().await;
         self.write_book().await;
         let pools = self.pools.lock().await;
         let desired = pools.get(pool).map_or(0, |p| p.desired);
@@ -449,7 +573,7 @@ impl WorkloadRuntime for LocalRuntime {
             replicas: Some(desired),
             ready_replicas: endpoints.iter().filter(|e| e.ready).count() as i32,
             endpoints,
-            routers: Vec::new(),
+            routers,
             selector: format!("tidegate.dev/pool={}", pool.name),
         })
     }
@@ -482,6 +606,7 @@ impl WorkloadRuntime for LocalRuntime {
             let r = self.spawn(pool, spec, index)?;
             p.replicas.push(r);
         }
+        self.ensure_router(pool, p, spec)?;
         drop(pools);
         self.write_book().await;
         Ok(())

@@ -24,6 +24,7 @@ fn config(book: &Path) -> LocalRuntimeConfig {
         extra_args: Vec::new(),
         file_sd_path: None,
         engine_book: Some(book.to_path_buf()),
+        routers_file: None,
     }
 }
 
@@ -62,6 +63,7 @@ async fn a_restarted_runtime_adopts_the_engines_that_still_run() {
                     admin_port: dead_port,
                 },
             ],
+            router: None,
         }],
     };
     book.save(&path).expect("save");
@@ -120,6 +122,7 @@ async fn a_clean_shutdown_kills_the_adopted_engines() {
                 api_port: port,
                 admin_port: port,
             }],
+            router: None,
         }],
     }
     .save(&path)
