@@ -1,12 +1,16 @@
 #!/usr/bin/env python3
-"""Load and probes for the e2e loop, against the engines of a local pool.
+"""Load and probes for the e2e loop, against a local pool: through its router, or straight
+at its engines.
 
-Engines are found in the Prometheus file_sd targets file the operator's local runtime
-writes. Tenants are identified with the trusted-gateway headers. Standard library only.
+With --routers F (the routers file the operator's local runtime writes) every request goes
+to the pool's router, its front door; otherwise to the engines of the Prometheus file_sd
+targets file. Tenants are identified with the trusted-gateway headers, and each request
+carries one of three session ids of its tenant (x-session-id). Standard library only.
 
-  load.py run --targets F --out stats.json --users 40 --base-users 8 --duration 120 --stop-file F
-              [--errors-out errors.txt]
-  load.py probe --targets F --tenant T --tier free        # prints "STATUS TYPE RETRY_AFTER"
+  load.py run --targets F [--routers R] --out stats.json --users 40 --base-users 8
+              --duration 120 --stop-file F [--errors-out errors.txt]
+  load.py probe --targets F [--routers R [--pool P]] --tenant T --tier free
+              # prints "STATUS TYPE RETRY_AFTER ENGINE"
   load.py stream --targets F --index I --tokens N          # prints "ok" after [DONE], else the error
 """
 import argparse
@@ -29,11 +33,32 @@ def targets(path):
     return [t for g in groups for t in g.get("targets", [])]
 
 
+def router_of(path, pool=None):
+    """The host:port of a pool's router from the routers file, or None."""
+    try:
+        with open(path) as f:
+            rows = json.load(f)
+    except (OSError, ValueError):
+        return None
+    for r in rows:
+        if pool is None or r.get("pool") == pool:
+            return r["url"].split("://", 1)[-1]
+    return None
+
+
+def front(args):
+    """Where requests go: the router when --routers is given, else every engine."""
+    if getattr(args, "routers", None):
+        r = router_of(args.routers, getattr(args, "pool", None))
+        return [r] if r else []
+    return targets(args.targets)
+
+
 class EngineGone(Exception):
     """The target refused the connection: the engine already left, nothing was sent."""
 
 
-def request(target, tenant, tier, max_tokens, stream=False, timeout=60):
+def request(target, tenant, tier, max_tokens, stream=False, timeout=60, session=None):
     host, port = target.rsplit(":", 1)
     conn = http.client.HTTPConnection(host, int(port), timeout=timeout)
     try:
@@ -49,11 +74,14 @@ def request(target, tenant, tier, max_tokens, stream=False, timeout=60):
         "temperature": 0,
         "stream": stream,
     })
-    conn.request("POST", "/v1/completions", body=body, headers={
+    headers = {
         "content-type": "application/json",
         "x-tidegate-tenant": tenant,
         "x-tidegate-tier": tier,
-    })
+    }
+    if session:
+        headers["x-session-id"] = session
+    conn.request("POST", "/v1/completions", body=body, headers=headers)
     return conn, conn.getresponse()
 
 
@@ -83,13 +111,14 @@ def run(args):
             if not existing and time.time() - start < args.ramp_start + (i - args.base_users) * args.ramp_step:
                 time.sleep(0.2)
                 continue
-            ts = targets(args.targets)
+            ts = front(args)
             if not ts:
                 time.sleep(0.5)
                 continue
             n += 1
             try:
-                conn, resp = request(ts[(i + n) % len(ts)], tenant, tier_of(i), args.tokens)
+                conn, resp = request(ts[(i + n) % len(ts)], tenant, tier_of(i), args.tokens,
+                                     session=f"{tenant}-{n % 3}")
                 data = resp.read()
                 conn.close()
                 if resp.status == 200:
@@ -124,11 +153,11 @@ def run(args):
 
 
 def probe(args):
-    ts = targets(args.targets)
+    ts = front(args)
     if not ts:
-        print("000 no-targets -")
+        print("000 no-targets - -")
         return
-    conn, resp = request(ts[0], args.tenant, args.tier, 4)
+    conn, resp = request(ts[0], args.tenant, args.tier, 4, timeout=args.timeout)
     data = resp.read()
     typ = "-"
     if resp.status != 200:
@@ -136,7 +165,7 @@ def probe(args):
             typ = json.loads(data)["error"]["type"]
         except (ValueError, KeyError, TypeError):
             typ = "unknown"
-    print(resp.status, typ, resp.getheader("retry-after") or "-")
+    print(resp.status, typ, resp.getheader("retry-after") or "-", resp.getheader("x-tidegate-engine") or "-")
 
 
 def stream(args):
@@ -165,6 +194,7 @@ def main():
     sub = p.add_subparsers(dest="cmd", required=True)
     r = sub.add_parser("run")
     r.add_argument("--targets", required=True)
+    r.add_argument("--routers", help="routers file: send every request to the pool's router")
     r.add_argument("--out", required=True)
     r.add_argument("--errors-out", help="file for the time and kind of each lost request")
     r.add_argument("--users", type=int, default=40)
@@ -176,6 +206,9 @@ def main():
     r.add_argument("--stop-file", default="/nonexistent")
     q = sub.add_parser("probe")
     q.add_argument("--targets", required=True)
+    q.add_argument("--routers", help="routers file: probe through the pool's router")
+    q.add_argument("--pool", help="the pool whose router to probe (default: the first)")
+    q.add_argument("--timeout", type=float, default=60)
     q.add_argument("--tenant", required=True)
     q.add_argument("--tier", required=True)
     s = sub.add_parser("stream")

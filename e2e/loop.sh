@@ -3,14 +3,16 @@
 # scraping real engine processes, and the operator watching the API server with the local
 # workload runtime (the test API server has no Deployments or Pods).
 #
-# Steps: pool min 1 / max 3 → Ready → load from several tenants → 3 replicas → admission
+# Steps: pool min 1 / max 3 → Ready → load from several tenants, through the pool's router →
+# 3 replicas → admission
 # paused (kubectl shows it) → new tenant of a pausable tier 503 with the reason, existing
 # tenant 200 → an engine killed mid-stream (other streams finish, the pool recovers; the load
 # loses no request except those in flight on it) → the operator killed while the pool is paused
 # and scaling to a raised ceiling, and restarted (it adopts the engines, keeps the admission
 # state and its since and every tenant, and converges without a reversal) →
 # Prometheus stopped (no scale-down, MetricsAvailable=False) and restarted → load stops →
-# admission reopens after the hold time → scale-down drains; in-flight streams complete.
+# admission reopens after the hold time → scale-down drains; in-flight streams complete →
+# a second pool at 0 replicas answers one request through its router after scaling to 1.
 set -uo pipefail
 source "$(dirname "$0")/lib.sh"
 cd "$REPO_ROOT"
@@ -23,6 +25,8 @@ WORK=$(mktemp -d "${TMPDIR:-/tmp}/tidegate-e2e-loop.XXXXXX")
 NS=e2e
 POOL=tide
 TARGETS=$WORK/targets.json
+# The pool's front door: the local runtime writes each pool's router URL here.
+ROUTERS=$WORK/local/routers.json
 PIDS=()
 
 cleanup() {
@@ -31,6 +35,10 @@ cleanup() {
     sleep 1
     for p in "${PIDS[@]}"; do kill -9 "$p" 2>/dev/null; done
     pkill -f "tidegate-engine serve.*$WORK" 2>/dev/null
+    # Routers carry no path of $WORK on their command line: found by their port.
+    for url in $(python3 -c 'import json,sys; print(" ".join(r["url"] for r in json.load(open(sys.argv[1]))))' "$ROUTERS" 2>/dev/null); do
+        pkill -f -- "route --listen ${url#http://}" 2>/dev/null
+    done
     stop_api_server
 }
 
@@ -199,6 +207,8 @@ check_restored() {
     adopted=$(log_since "$1" | grep -m1 'adopted the engines' | sed 's/\x1b\[[0-9;]*m//g' | grep -o 'replicas=\[[^]]*\]')
     [ -n "$adopted" ] && pass "it adopted the running engines ($adopted)" ||
         fail "it adopted the running engines" "$(log_since "$1" | head -20)"
+    log_since "$1" | grep -q 'adopted the router' && pass "it adopted the running router (the pool's front door kept its address)" ||
+        fail "it adopted the running router" "$(log_since "$1" | grep -i router | head -5)"
     is '{.status.admission.state}' PausedNewTenants && pass "admission still PausedNewTenants after the restart" ||
         fail "admission still PausedNewTenants after the restart" "$(jp '{.status.admission}')"
     since_after=$(jp '{.status.admission.since}')
@@ -207,10 +217,10 @@ check_restored() {
     lost=$(comm -23 <(echo "$TENANTS_BEFORE") <(registry_tenants | sort))
     [ -z "$lost" ] && pass "no tenant lost from the registry ($(echo "$TENANTS_BEFORE" | grep -c .) before the restart, $(registry_tenants | grep -c .) after)" ||
         fail "no tenant lost from the registry" "lost: $lost"
-    read -r code typ _ < <(python3 e2e/load.py probe --targets "$TARGETS" --tenant tenant-002 --tier free)
+    read -r code typ _ < <(python3 e2e/load.py probe --targets "$TARGETS" --routers "$ROUTERS" --tenant tenant-002 --tier free)
     [ "$code" = 200 ] && pass "an existing tenant of a paused tier is still admitted: 200" ||
         fail "an existing tenant of a paused tier is still admitted" "got $code $typ"
-    read -r code typ _ < <(python3 e2e/load.py probe --targets "$TARGETS" --tenant restart-newcomer --tier free)
+    read -r code typ _ < <(python3 e2e/load.py probe --targets "$TARGETS" --routers "$ROUTERS" --tenant restart-newcomer --tier free)
     [ "$code" = 503 ] && pass "a new tenant of a paused tier is still refused: 503 $typ" ||
         fail "a new tenant of a paused tier is still refused" "got $code $typ"
 }
@@ -238,7 +248,7 @@ check_converges() {
 wait_for "an engine comes up and the pool becomes Ready" 120 bash -c "[ \"\$(kubectl -n $NS get inferencepool $POOL -o jsonpath='{.status.conditions[?(@.type==\"Ready\")].status}')\" = True ] && [ \"\$(kubectl -n $NS get inferencepool $POOL -o jsonpath='{.status.readyReplicas}')\" -ge 1 ]"
 
 # --- Load from several tenants and tiers; existing tenants first.
-python3 e2e/load.py run --targets "$TARGETS" --out "$WORK/load.json" --users 48 --base-users 9 \
+python3 e2e/load.py run --targets "$TARGETS" --routers "$ROUTERS" --out "$WORK/load.json" --users 48 --base-users 9 \
     --tokens 32 --duration 400 --ramp-start 6 --ramp-step 0.2 --stop-file "$WORK/stop-load" \
     --errors-out "$WORK/load-errors.txt" &
 LOAD_PID=$!
@@ -251,15 +261,15 @@ echo "$table" | sed 's/^/       | /'
 grep -q PausedNewTenants <<<"$table" && pass "kubectl get inferencepools shows PausedNewTenants" ||
     fail "kubectl get inferencepools shows PausedNewTenants" "$table"
 
-read -r code typ retry < <(python3 e2e/load.py probe --targets "$TARGETS" --tenant brand-new-tenant --tier free)
+read -r code typ retry _ < <(python3 e2e/load.py probe --targets "$TARGETS" --routers "$ROUTERS" --tenant brand-new-tenant --tier free)
 if [ "$code" = 503 ] && [ "$typ" = new_tenant_admission_paused ] && [ "$retry" != - ]; then
-    pass "new tenant of a pausable tier: 503 $typ, Retry-After $retry"
+    pass "new tenant of a pausable tier, at the router: 503 $typ, Retry-After $retry"
 else
     fail "new tenant of a pausable tier: 503 new_tenant_admission_paused with Retry-After" "got $code $typ $retry"
 fi
-read -r code typ _ < <(python3 e2e/load.py probe --targets "$TARGETS" --tenant tenant-001 --tier standard)
-[ "$code" = 200 ] && pass "existing tenant: 200" || fail "existing tenant: 200" "got $code $typ"
-read -r code typ _ < <(python3 e2e/load.py probe --targets "$TARGETS" --tenant new-enterprise --tier enterprise)
+read -r code typ _ < <(python3 e2e/load.py probe --targets "$TARGETS" --routers "$ROUTERS" --tenant tenant-001 --tier standard)
+[ "$code" = 200 ] && pass "existing tenant, through the router: 200" || fail "existing tenant: 200" "got $code $typ"
+read -r code typ _ < <(python3 e2e/load.py probe --targets "$TARGETS" --routers "$ROUTERS" --tenant new-enterprise --tier enterprise)
 [ "$code" = 200 ] && pass "new tenant of a non-pausable tier: 200" || fail "new tenant of a non-pausable tier: 200" "got $code $typ"
 
 # --- Kill an engine in the middle of a stream: the other streams finish, the pool recovers.
@@ -276,6 +286,9 @@ if [ -n "$victim_pid" ]; then
 else
     fail "found the engine process to kill" "port $victim_port"
 fi
+# The router takes the dead engine out at once (a failed connect or its next probe).
+wait_for "the router marks the killed engine down and sends it nothing new" 5 \
+    bash -c "grep -h 'engine health changed' '$WORK'/local/logs/*router*.log 2>/dev/null | sed 's/\x1b\[[0-9;]*m//g' | grep -q 'to=Down'"
 wait "$OTHER_STREAM" && pass "a stream on another engine completed" || fail "a stream on another engine completed" "$(cat "$WORK/stream-other.txt")"
 wait "$VICTIM_STREAM"
 pass "the killed engine's stream ended for its client ($(cat "$WORK/stream-victim.txt"))"
@@ -362,4 +375,40 @@ print(sum(1 for at, _ in lines if not killed - 1 <= float(at) <= killed + 5))
     fail "requests lost only on the killed engine" "$stray of $lost lost away from the kill: $(cat "$WORK/load-errors.txt")"
 grep -q '"served/existing"' "$WORK/load.json" && pass "existing tenants were served under load" || fail "existing tenants were served under load"
 kubectl -n "$NS" get inferencepools | sed 's/^/       | /'
+# --- Scale from zero: a pool at min 0 runs no engine, only its router. One request is held
+# there; the operator reads the held count, scales 0 → 1, and the request is answered.
+kubectl apply -f - >/dev/null <<EOF
+apiVersion: tidegate.dev/v1alpha1
+kind: InferencePool
+metadata: {name: zero, namespace: $NS}
+spec:
+  model: {name: tiny-random, uri: "file://$WORK/model"}
+  engine:
+    image: tidegate-engine:local
+    resources: {gpus: 0, memory: 256Mi}
+    kvCache: {memoryFraction: 0.2}
+    maxBatchSize: 4
+  replicas: {min: 0, max: 1}
+  scaling: {interval: 1s, scaleDownStabilization: 600s}
+  router: {holdTimeout: 90s}
+  tierPolicyRef: {name: tiers}
+EOF
+zp() { kubectl -n "$NS" get inferencepool zero -o jsonpath="$1" 2>/dev/null; }
+zero_router_up() {
+    python3 -c 'import json,sys; sys.exit(0 if any(r["pool"] == "zero" for r in json.load(open(sys.argv[1]))) else 1)' "$ROUTERS" 2>/dev/null &&
+        [ "$(zp '{.status.replicas}')" = 0 ]
+}
+wait_for "the pool at min 0 has its router and no engine" 60 zero_router_up
+t0=$SECONDS
+read -r code typ _ engine < <(python3 e2e/load.py probe --targets "$TARGETS" --routers "$ROUTERS" --pool zero \
+    --tenant tenant-001 --tier standard --timeout 120)
+if [ "$code" = 200 ] && [ "$(zp '{.status.replicas}')" = 1 ]; then
+    pass "a request to the pool at 0 replicas was held and answered after it scaled to 1 ($((SECONDS - t0)) s, engine $engine)"
+else
+    fail "a request to a pool at 0 replicas is answered after it scales to 1" \
+        "got $code $typ; replicas $(zp '{.status.replicas}'); $(grep -m3 'scaling from zero' "$WORK/operator.log")"
+fi
+grep -q 'scaling from zero' "$WORK/operator.log" && pass "the operator logged the scale from zero" ||
+    fail "the operator logged the scale from zero" "$(tail -5 "$WORK/operator.log")"
+
 summary
