@@ -48,12 +48,14 @@ impl MetricsSource for FakeMetrics {
     }
 }
 
+/// (router admin URL, engine names pushed to it).
+type EndpointPush = (String, Vec<String>);
+
 #[derive(Clone, Default)]
 struct FakeControl {
     pushes: Arc<Mutex<Vec<(String, String, EnginePolicy)>>>,
     drains: Arc<Mutex<Vec<String>>>,
-    /// (router admin URL, engine names pushed to it).
-    endpoint_pushes: Arc<Mutex<Vec<(String, Vec<String>)>>>,
+    endpoint_pushes: Arc<Mutex<Vec<EndpointPush>>>,
 }
 
 impl EngineControl for FakeControl {
