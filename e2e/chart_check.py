@@ -224,6 +224,32 @@ def invariants(rendered: str, mode: str) -> None:
           f"args {args}")
     print(f"  RBAC ({mode}): {len(by_kind(docs, 'ClusterRole'))} ClusterRole(s), "
           f"{len(by_kind(docs, 'Role'))} Role(s), no wildcards, every needed verb present")
+    network_policy(docs)
+
+
+# What the operator reaches over the pod network, from its object contract
+# (operator/src/k8s/mod.rs): the admin API of the engine and of the router pods.
+ADMIN_PEERS = {
+    "engines": ({"app.kubernetes.io/name": "tidegate-engine"}, 8001),
+    "routers": ({"app.kubernetes.io/name": "tidegate-router"}, 8001),
+}
+
+
+def network_policy(docs: list[dict]) -> None:
+    for np in by_kind(docs, "NetworkPolicy"):
+        egress = np["spec"].get("egress", [])
+        ok = True
+        for what, (labels, port) in ADMIN_PEERS.items():
+            allowed = any(
+                any(p.get("port") == port for p in rule.get("ports", []))
+                and any(labels_match(peer.get("podSelector", {}).get("matchLabels") or {}, labels)
+                        for peer in rule.get("to", []))
+                for rule in egress)
+            if not allowed:
+                ok = False
+                fail(f"{name(np)}: no egress to the {what}' admin API ({labels}, port {port})")
+        if ok:
+            print(f"  {name(np)}: egress reaches the admin API of engines and routers (port 8001)")
 
 
 def deep_merge(a, b):

@@ -1,25 +1,37 @@
 #!/usr/bin/env python3
-"""Runs the engine container of a rendered pool the way a kubelet would, as a local process.
+"""Runs the engine and router containers of a rendered pool the way a kubelet would, as local processes.
 
-Input: the YAML `tidegate-operator render` printed (Secret, Service, Deployment, PDB). From the
-Deployment's pod template it takes the engine container's command/args/env as written:
+Input: the YAML `tidegate-operator render` printed (Secret, the engine and router Deployments,
+their Services and PDBs). From each Deployment's pod template it takes the container's
+command/args/env as written:
 `valueFrom.secretKeyRef` is resolved from the rendered Secret; each volume mount is mapped to a
 temporary folder (a mount path in an argument or variable is rewritten to that folder; a
 `--volume NAME=DIR` option fills a volume, e.g. a PVC's contents). The image's entrypoint is
 replaced by the engine binary. Then, as the kubelet does:
 
-1. the startup probe is polled at its period until it succeeds (failing after
+1. the engine's startup probe is polled at its period until it succeeds (failing after
    failureThreshold tries), then readiness and liveness probes, with their paths, named ports,
    timeouts and thresholds as declared;
-2. a chat completion goes to the container port the Service's `http` port targets, and a
-   second, streaming one is left in flight;
-3. on termination: the preStop hook (sleep) runs, then SIGTERM; the container must exit 0
-   within terminationGracePeriodSeconds (counted from the preStop start, as the kubelet does)
-   and the in-flight stream must finish.
+2. a chat completion goes to the engine container port its Service's `http` port targets;
+3. the router container (the same binary, its second role) starts in its own "pod", its
+   probes are polled the same way, its admin API refuses a push without the token and takes
+   the engine (named by its pod name, at its pod address) with it, as the operator pushes;
+   then a chat completion goes to the router container port the front-door Service's `http`
+   port targets and must be answered by the engine, named in `x-tidegate-engine`; the router
+   then stops as a kubelet stops it (preStop, SIGTERM, exit 0 within its grace period);
+4. the engine: a streaming chat completion is left in flight; on termination the preStop
+   hook (sleep) runs, then SIGTERM; the container must exit 0 within
+   terminationGracePeriodSeconds (counted from the preStop start, as the kubelet does) and
+   the in-flight stream must finish.
+
+Each pod gets its own loopback address (POD_IPS), standing in for its network namespace: a
+bind on all addresses (`0.0.0.0`) in a container's args or env is rewritten to its pod's
+address, so the engine and the router both listen on their contract ports (8000/8001), as
+they do in their pods.
 
 Prints one line per check and `N passed, M failed`; exits non-zero on any failure.
-What it does not emulate: the image's filesystem, uid/gid and read-only root (the process runs
-as the caller), network namespaces (the container ports are bound on this machine).
+What it does not emulate: the image's filesystem, uid/gid and read-only root (the processes
+run as the caller), network isolation (a pod address is reachable from everything here).
 """
 
 import argparse
@@ -39,6 +51,9 @@ import yaml
 
 PASSED = 0
 FAILED = 0
+
+# Loopback addresses standing in for the pods' own (Linux routes all of 127/8 to lo).
+POD_IPS = {"engine": "127.0.0.2", "router": "127.0.0.3"}
 
 
 def check(name, ok, detail=""):
@@ -94,7 +109,12 @@ def map_mounts(container, pod_spec, given, root):
     return mapping
 
 
-def rewrite(value, mapping):
+def rewrite(value, mapping, pod_ip):
+    """A container's arg or env value as its process here sees it: mount paths mapped to
+    folders, a bind on all addresses (`0.0.0.0:PORT`, as `--flag=` too) to its pod's address."""
+    value = value.replace("0.0.0.0:", f"{pod_ip}:") if "0.0.0.0:" in value else value
+    if value == "0.0.0.0":
+        return pod_ip
     for mount in sorted(mapping, key=len, reverse=True):
         if value == mount or value.startswith(mount + "/"):
             return mapping[mount] + value[len(mount):]
@@ -114,10 +134,10 @@ def named_port(container, port):
     raise SystemExit(f"port {port!r} is not a named port of the container")
 
 
-def probe_once(container, probe):
+def probe_once(container, probe, host):
     get = probe["httpGet"]
     port = named_port(container, get["port"])
-    url = f"http://127.0.0.1:{port}{get.get('path', '/')}"
+    url = f"http://{host}:{port}{get.get('path', '/')}"
     try:
         with urllib.request.urlopen(url, timeout=probe.get("timeoutSeconds", 1)) as r:
             return 200 <= r.status < 400
@@ -125,8 +145,9 @@ def probe_once(container, probe):
         return False
 
 
-def run_probe(container, kind, proc):
+def run_probe(pod, kind):
     """Polls a probe as declared; returns (succeeded, tries, seconds)."""
+    container, proc = pod.container, pod.proc
     probe = container.get(kind)
     if not probe:
         return True, 0, 0.0
@@ -138,13 +159,13 @@ def run_probe(container, kind, proc):
         if proc.poll() is not None:
             return False, tries, time.monotonic() - t0
         started = time.monotonic()
-        if probe_once(container, probe):
+        if probe_once(container, probe, pod.ip):
             return True, tries, time.monotonic() - t0
         time.sleep(max(0.0, period - (time.monotonic() - started)))
     return False, failures, time.monotonic() - t0
 
 
-def chat(port, model, max_tokens, stream=False, timeout=60):
+def chat(host, port, model, max_tokens, stream=False, timeout=60):
     body = json.dumps({
         "model": model,
         "messages": [{"role": "user", "content": "Say hello to the cluster."}],
@@ -152,15 +173,99 @@ def chat(port, model, max_tokens, stream=False, timeout=60):
         "stream": stream,
     }).encode()
     req = urllib.request.Request(
-        f"http://127.0.0.1:{port}/v1/chat/completions", data=body,
+        f"http://{host}:{port}/v1/chat/completions", data=body,
         headers={"Content-Type": "application/json"}, method="POST")
     return urllib.request.urlopen(req, timeout=timeout)
 
 
-def service_target(services, container):
-    svc = services[0]
-    http = next(p for p in svc["spec"]["ports"] if p["name"] == "http")
-    return named_port(container, http.get("targetPort", http["port"]))
+def selects(service, template):
+    labels = template["metadata"].get("labels", {})
+    sel = service["spec"].get("selector") or {}
+    return bool(sel) and all(labels.get(k) == v for k, v in sel.items())
+
+
+def service_target(services, template, container):
+    """The container port the `http` port of the Service selecting these pods targets."""
+    matching = [svc for svc in services if selects(svc, template)]
+    if len(matching) != 1:
+        raise SystemExit(f"{len(matching)} Services select the {container['name']} pods")
+    http = next(p for p in matching[0]["spec"]["ports"] if p["name"] == "http")
+    return matching[0]["metadata"]["name"], named_port(container, http.get("targetPort", http["port"]))
+
+
+def deployment_with(objs, container_name):
+    """The Deployment whose pod runs a container of this name, and that container."""
+    for d in objs.get("Deployment", []):
+        for c in d["spec"]["template"]["spec"]["containers"]:
+            if c["name"] == container_name:
+                return d, c
+    return None, None
+
+
+class Pod:
+    """One container of a rendered Deployment, running here as a process."""
+
+    def __init__(self, role, deployment, container, secrets, given, binary, log_path):
+        self.role = role
+        self.ip = POD_IPS[role]
+        self.deployment = deployment
+        self.template = deployment["spec"]["template"]
+        self.pod_spec = self.template["spec"]
+        self.container = container
+        self.name = deployment["metadata"]["name"] + "-0"
+        self.root = tempfile.mkdtemp(prefix=f"kubelet-{role}-")
+        mounts = map_mounts(container, self.pod_spec, given, self.root)
+        self.argv = [binary] + container.get("command", [])[1:] + [
+            rewrite(a, mounts, self.ip) for a in container.get("args", [])]
+        self.env = {"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "HOME": self.root,
+                    "HOSTNAME": self.name}
+        self.env.update({k: rewrite(v, mounts, self.ip)
+                         for k, v in resolve_env(container, secrets).items()})
+        print(f"== {role} container: {' '.join(self.argv)}")
+        print(f"   env: {sorted(self.env)}; mounts: {mounts}; pod address {self.ip}")
+        self.log_path = log_path or os.path.join(self.root, f"{role}.log")
+        self.log = open(self.log_path, "w")
+        self.proc = subprocess.Popen(self.argv, env=self.env, stdout=self.log,
+                                     stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
+
+    def tail(self):
+        return "".join(open(self.log_path).readlines()[-15:])
+
+    def port(self, name):
+        return named_port(self.container, name)
+
+    def start_probes(self):
+        """Startup, readiness and liveness as the kubelet runs them; False on a failure."""
+        for kind in ("startupProbe", "readinessProbe"):
+            if kind not in self.container:
+                continue
+            ok, tries, secs = run_probe(self, kind)
+            if not check(f"{self.role}: {kind} succeeds ({tries} tries, {secs:.1f}s)", ok,
+                         self.tail()):
+                return False
+        return check(f"{self.role}: liveness probe succeeds",
+                     probe_once(self.container, self.container["livenessProbe"], self.ip),
+                     self.tail())
+
+    def terminate(self):
+        """preStop (sleep), then SIGTERM; returns (exit code or None, seconds, grace)."""
+        grace = self.pod_spec.get("terminationGracePeriodSeconds", 30)
+        pre = self.container.get("lifecycle", {}).get("preStop", {}).get("sleep", {}).get(
+            "seconds", 0)
+        t0 = time.monotonic()
+        time.sleep(pre)
+        self.proc.send_signal(signal.SIGTERM)
+        try:
+            code = self.proc.wait(timeout=max(1, grace - pre))
+        except subprocess.TimeoutExpired:
+            code = None
+        return code, time.monotonic() - t0, grace, pre
+
+    def close(self):
+        if self.proc.poll() is None:
+            self.proc.kill()
+            self.proc.wait()
+        shutil.rmtree(self.root, ignore_errors=True)
 
 
 def main():
@@ -169,67 +274,99 @@ def main():
     ap.add_argument("--engine-bin", required=True, help="replaces the image's entrypoint")
     ap.add_argument("--volume", action="append", default=[], metavar="NAME=DIR",
                     help="fill a volume with a folder (e.g. the model PVC)")
-    ap.add_argument("--log", default=None, help="container log file")
+    ap.add_argument("--log", default=None, help="engine container log file")
+    ap.add_argument("--router-log", default=None, help="router container log file")
     args = ap.parse_args()
 
     objs = load(args.rendered)
-    deployment = objs["Deployment"][0]
-    pod_spec = deployment["spec"]["template"]["spec"]
-    container = next(c for c in pod_spec["containers"] if c["name"] == "engine")
     secrets = {s["metadata"]["name"]: s for s in objs.get("Secret", [])}
-    model = next(a for i, a in enumerate(container["args"])
-                 if container["args"][i - 1] == "--served-model-name")
-
-    root = tempfile.mkdtemp(prefix="kubelet-")
+    engine_dep, engine_c = deployment_with(objs, "engine")
+    router_dep, router_c = deployment_with(objs, "router")
+    if engine_dep is None:
+        raise SystemExit("no Deployment with an `engine` container was rendered")
+    if not check("a router Deployment is rendered", router_dep is not None):
+        return 1
     given = dict(v.split("=", 1) for v in args.volume)
-    mounts = map_mounts(container, pod_spec, given, root)
-    argv = [args.engine_bin] + container.get("command", [])[1:] + [
-        rewrite(a, mounts) for a in container.get("args", [])]
-    env = {"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "HOME": root,
-           "HOSTNAME": deployment["metadata"]["name"] + "-0"}
-    env.update({k: rewrite(v, mounts) for k, v in resolve_env(container, secrets).items()})
-    print(f"== container: {' '.join(argv)}")
-    print(f"   env: {sorted(env)}; mounts: {mounts}")
-
-    log = open(args.log or os.path.join(root, "engine.log"), "w")
-    proc = subprocess.Popen(argv, env=env, stdout=log, stderr=subprocess.STDOUT,
-                            stdin=subprocess.DEVNULL)
+    engine = Pod("engine", engine_dep, engine_c, secrets, given, args.engine_bin, args.log)
+    router = None
     try:
-        return lifecycle(proc, container, pod_spec, objs, model, log.name)
+        model = next(a for i, a in enumerate(engine_c["args"])
+                     if engine_c["args"][i - 1] == "--served-model-name")
+        if not engine.start_probes():
+            return 1
+        svc, port = service_target(objs["Service"], engine.template, engine.container)
+        try:
+            with chat(engine.ip, port, model, 8) as r:
+                answer = json.load(r)
+            check(f"engine: chat completion on the port Service {svc} targets ({port})",
+                  answer["choices"][0]["message"]["content"] is not None, answer)
+        except (urllib.error.URLError, OSError, KeyError) as e:
+            check(f"engine: chat completion on the port Service {svc} targets ({port})", False,
+                  f"{e}\n{engine.tail()}")
+        router = Pod("router", router_dep, router_c, secrets, {}, args.engine_bin,
+                     args.router_log)
+        router_checks(router, engine, objs, model)
+        router.close()
+        router = None
+        engine_stop(engine, model)
+        return 0
     finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait()
-        shutil.rmtree(root, ignore_errors=True)
+        if router is not None:
+            router.close()
+        engine.close()
 
 
-def lifecycle(proc, container, pod_spec, objs, model, log_path):
-    def tail():
-        return "".join(open(log_path).readlines()[-15:])
-
-    ok, tries, secs = run_probe(container, "startupProbe", proc)
-    if not check(f"startup probe succeeds ({tries} tries, {secs:.1f}s)", ok, tail()):
-        return 1
-    ok, tries, secs = run_probe(container, "readinessProbe", proc)
-    if not check(f"readiness probe succeeds ({tries} tries, {secs:.1f}s)", ok, tail()):
-        return 1
-    check("liveness probe succeeds", probe_once(container, container["livenessProbe"]))
-
-    port = service_target(objs["Service"], container)
+def push_endpoints(router, endpoints, token):
+    body = json.dumps({"endpoints": endpoints}).encode()
+    headers = {"Content-Type": "application/json"}
+    if token is not None:
+        headers["Authorization"] = f"Bearer {token}"
+    req = urllib.request.Request(
+        f"http://{router.ip}:{router.port('admin')}/admin/v1/endpoints", data=body,
+        headers=headers, method="PUT")
     try:
-        with chat(port, model, 8) as r:
-            answer = json.load(r)
-        check(f"chat completion on the Service's target port {port}",
-              answer["choices"][0]["message"]["content"] is not None, answer)
-    except (urllib.error.URLError, OSError, KeyError) as e:
-        check(f"chat completion on the Service's target port {port}", False, f"{e}\n{tail()}")
+        with urllib.request.urlopen(req, timeout=5) as r:
+            return r.status, json.load(r)
+    except urllib.error.HTTPError as e:
+        return e.code, None
 
+
+def router_checks(router, engine, objs, model):
+    if not router.start_probes():
+        return
+    status, _ = push_endpoints(router, [], None)
+    check(f"router: its admin API refuses an endpoint push without the token ({status})",
+          status == 401)
+    # As the operator pushes: the engine pod by name, at its address and API port.
+    engine_url = f"http://{engine.ip}:{engine.port('http')}"
+    status, view = push_endpoints(
+        router, [{"name": engine.name, "url": engine_url}], router.env.get("TIDEGATE_ADMIN_TOKEN"))
+    check(f"router: takes the engine set with the admin token from the pool's Secret ({status})",
+          status == 200 and view is not None and len(view["endpoints"]) == 1, view)
+    svc, port = service_target(objs["Service"], router.template, router.container)
+    name = f"router: chat completion on the port front-door Service {svc} targets ({port})"
+    try:
+        with chat(router.ip, port, model, 8) as r:
+            served_by = r.headers.get("x-tidegate-engine")
+            answer = json.load(r)
+        check(name, answer["choices"][0]["message"]["content"] is not None, answer)
+        check(f"router: the answer names the engine that served it (x-tidegate-engine: {served_by})",
+              served_by == engine.name, f"expected {engine.name}")
+    except (urllib.error.URLError, OSError, KeyError) as e:
+        check(name, False, f"{e}\n{router.tail()}")
+    code, took, grace, pre = router.terminate()
+    check(f"router: SIGTERM after the {pre}s preStop: exits 0 within terminationGracePeriodSeconds "
+          f"{grace}s (took {took:.1f}s)", code == 0, f"exit {code}\n{router.tail()}")
+
+
+def engine_stop(engine, model):
+    port = engine.port("http")
     streamed = {"done": False, "error": None}
     first = threading.Event()
 
     def stream():
         try:
-            with chat(port, model, 512, stream=True, timeout=120) as r:
+            with chat(engine.ip, port, model, 512, stream=True, timeout=120) as r:
                 for line in r:
                     first.set()
                     if line.strip() == b"data: [DONE]":
@@ -238,8 +375,9 @@ def lifecycle(proc, container, pod_spec, objs, model, log_path):
             streamed["error"] = str(e)
         first.set()
 
-    grace = pod_spec.get("terminationGracePeriodSeconds", 30)
-    pre = container.get("lifecycle", {}).get("preStop", {}).get("sleep", {}).get("seconds", 0)
+    grace = engine.pod_spec.get("terminationGracePeriodSeconds", 30)
+    pre = engine.container.get("lifecycle", {}).get("preStop", {}).get("sleep", {}).get(
+        "seconds", 0)
     t0 = time.monotonic()
     time.sleep(pre)
     # A long stream started as the preStop hook ends is in flight at SIGTERM (or just done:
@@ -247,17 +385,16 @@ def lifecycle(proc, container, pod_spec, objs, model, log_path):
     t = threading.Thread(target=stream)
     t.start()
     first.wait(30)
-    proc.send_signal(signal.SIGTERM)
+    engine.proc.send_signal(signal.SIGTERM)
     try:
-        code = proc.wait(timeout=max(1, grace - pre))
+        code = engine.proc.wait(timeout=max(1, grace - pre))
     except subprocess.TimeoutExpired:
         code = None
     took = time.monotonic() - t0
     t.join(30)
-    check(f"SIGTERM after the {pre}s preStop: exits 0 within terminationGracePeriodSeconds "
-          f"{grace}s (took {took:.1f}s)", code == 0, f"exit {code}\n{tail()}")
-    check("the stream in flight at SIGTERM finished ([DONE])", streamed["done"], streamed)
-    return 0
+    check(f"engine: SIGTERM after the {pre}s preStop: exits 0 within terminationGracePeriodSeconds "
+          f"{grace}s (took {took:.1f}s)", code == 0, f"exit {code}\n{engine.tail()}")
+    check("engine: the stream in flight at SIGTERM finished ([DONE])", streamed["done"], streamed)
 
 
 if __name__ == "__main__":

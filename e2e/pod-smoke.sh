@@ -8,7 +8,12 @@
 #   3. e2e/kubelet.py runs the engine container of the rendered pod template as a local
 #      process: its own args and env (the admin token from the rendered Secret), volume mounts
 #      mapped to folders, the probes polled as declared, a chat completion on the port the
-#      Service targets, then preStop + SIGTERM: it must drain and exit 0 within
+#      engines' Service targets;
+#   4. then the router container of the rendered router Deployment, the same way, in front of
+#      that engine: probes, an endpoint push to its admin API with the Secret's token (as the
+#      operator pushes), a chat completion on the port the front-door Service targets,
+#      answered with `x-tidegate-engine` naming the engine; preStop + SIGTERM: exit 0;
+#   5. the engine: preStop + SIGTERM with a stream in flight: it must drain and exit 0 within
 #      terminationGracePeriodSeconds.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -62,13 +67,17 @@ smoke() {
     pass "$name: tidegate-operator render ($(grep -c '^kind:' "$WORK/$name.rendered.yaml") objects)"
     check "$name: every rendered object validates against the Kubernetes schemas" \
         "$K8S_TESTENV" validate "$WORK/$name.rendered.yaml"
+    local what="the engine and router containers start and serve (through the router), and stop, as the kubelet runs them"
     if python3 e2e/kubelet.py "$WORK/$name.rendered.yaml" --engine-bin "$ENGINE" \
-        --volume "model=$WORK/weights" --log "$WORK/$name.engine.log" >"$WORK/$name.kubelet.out" 2>&1; then
-        pass "$name: the engine container starts, serves and drains as the kubelet runs it"
+        --volume "model=$WORK/weights" --log "$WORK/$name.engine.log" \
+        --router-log "$WORK/$name.router.log" >"$WORK/$name.kubelet.out" 2>&1; then
+        pass "$name: $what"
         sed 's/^/       /' "$WORK/$name.kubelet.out"
     else
-        fail "$name: the engine container starts, serves and drains as the kubelet runs it" \
-            "$(cat "$WORK/$name.kubelet.out"; echo '--- engine log (tail):'; tail -20 "$WORK/$name.engine.log")"
+        fail "$name: $what" \
+            "$(cat "$WORK/$name.kubelet.out"
+               echo '--- engine log (tail):'; tail -20 "$WORK/$name.engine.log"
+               echo '--- router log (tail):'; tail -20 "$WORK/$name.router.log" 2>/dev/null)"
     fi
 }
 

@@ -30,7 +30,9 @@ enum Command {
         check: bool,
     },
     /// Print, as YAML, the objects the operator would apply for the pools in some manifests
-    /// (Deployment, Service, PodDisruptionBudget, admin Secret), for review and `kubectl diff`.
+    /// (admin Secret; engine Deployment, Service `<pool>-engines` and PodDisruptionBudget;
+    /// router Deployment and PodDisruptionBudget `<pool>-router`; the front-door Service
+    /// `<pool>` on the routers), for review and `kubectl diff`.
     Render(tidegate_operator::k8s::render::RenderArgs),
     /// Run the operator against an API server (in a cluster or from a kubeconfig).
     Run(tidegate_operator::k8s::run::RunArgs),

@@ -1,5 +1,6 @@
 //! Unit tests of the pure Kubernetes object builders: pod security, GPU resources, probes,
-//! drain timing, model volumes, owner references, Service/PDB/Secret shapes, registry shards.
+//! drain timing, model volumes, owner references, Service/PDB/Secret shapes, registry shards,
+//! the router Deployment and PDB, and the selectors that keep routers and engines apart.
 
 use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
 use kube::api::ObjectMeta;
@@ -10,6 +11,8 @@ use tidegate_operator::k8s::owners::{OwnerBook, owner_reference};
 use tidegate_operator::k8s::registry_store::{
     DIGEST_ANNOTATION, PARTS_ANNOTATION, REGISTRY_KEY, SHARD_BYTES, registry_config_maps,
 };
+use tidegate_operator::k8s::router;
+use tidegate_operator::k8s::{router_selector_labels, selector_labels};
 use tidegate_operator::ports::PoolRef;
 
 fn spec(extra: serde_json::Value) -> InferencePoolSpec {
@@ -228,18 +231,38 @@ fn model_uris() {
     assert!(model_location("file://relative").is_err());
 }
 
+fn port_list(svc: &k8s_openapi::api::core::v1::Service) -> Vec<(String, i32)> {
+    svc.spec
+        .clone()
+        .expect("spec")
+        .ports
+        .expect("ports")
+        .iter()
+        .map(|p| (p.name.clone().unwrap_or_default(), p.port))
+        .collect()
+}
+
 #[test]
 fn service_pdb_and_secret() {
     let owners = vec![owner_reference(&pool()).expect("owner")];
+    // The front door keeps the pool's name (clients' URLs) and selects the routers.
     let svc = objects::service("chat", "prod", owners.clone());
-    let ports = svc.spec.expect("spec").ports.expect("ports");
+    assert_eq!(svc.metadata.name.as_deref(), Some("chat"));
+    assert_eq!(port_list(&svc), vec![("http".into(), 8000)]);
+    let front = svc.spec.clone().expect("spec");
+    assert_eq!(front.selector, Some(router_selector_labels("chat")));
+    assert_eq!(front.cluster_ip, None, "a load-balancing address");
+    // The engines' Service is internal and headless.
+    let engines = objects::engines_service("chat", "prod", owners.clone());
+    assert_eq!(engines.metadata.name.as_deref(), Some("chat-engines"));
     assert_eq!(
-        ports
-            .iter()
-            .map(|p| (p.name.clone().unwrap_or_default(), p.port))
-            .collect::<Vec<_>>(),
+        port_list(&engines),
         vec![("http".into(), 8000), ("admin".into(), 8001)]
     );
+    let es = engines.spec.clone().expect("spec");
+    assert_eq!(es.selector, Some(selector_labels("chat")));
+    assert_eq!(es.cluster_ip.as_deref(), Some("None"));
+    assert!(engines.metadata.owner_references.expect("owners")[0].controller == Some(true));
     let pdb = objects::pod_disruption_budget("chat", "prod", owners.clone());
     assert_eq!(
         pdb.spec.expect("spec").max_unavailable,
@@ -310,4 +333,153 @@ fn the_startup_probe_allows_the_startup_grace_period() {
     let mut fast = spec(serde_json::json!({}));
     fast.engine.startup_grace_period = std::time::Duration::from_secs(0).into();
     assert_eq!(failures(&fast), (Some(10), Some(1)));
+}
+
+#[test]
+fn the_router_runs_cpu_only_restricted_from_the_router_contract() {
+    let p = pool();
+    let owners = vec![owner_reference(&p).expect("owner")];
+    let d = router::router_deployment("chat", "prod", &p.spec, owners.clone());
+    assert_eq!(d.metadata.name.as_deref(), Some("chat-router"));
+    assert_eq!(d.metadata.owner_references.expect("owners")[0].uid, "uid-1");
+    let ds = d.spec.expect("spec");
+    assert_eq!(ds.replicas, Some(2), "spec.router.replicas' default");
+    let sel = ds.selector.match_labels.expect("selector");
+    assert_eq!(sel, router_selector_labels("chat"));
+    let tpl = ds.template;
+    let labels = tpl.metadata.clone().expect("meta").labels.expect("labels");
+    assert_eq!(labels["app.kubernetes.io/component"], "router");
+    // Neither selector matches the other's pods.
+    let engine_sel = selector_labels("chat");
+    assert!(
+        engine_sel.iter().any(|(k, v)| labels.get(k) != Some(v)),
+        "the engine selector matches router pods"
+    );
+    let engine_tpl = deployment::pod_template("chat", &p.spec).expect("engine pod");
+    let engine_labels = engine_tpl.metadata.expect("meta").labels.expect("labels");
+    assert!(
+        sel.iter().any(|(k, v)| engine_labels.get(k) != Some(v)),
+        "the router selector matches engine pods"
+    );
+
+    let pod = tpl.spec.expect("pod");
+    assert_eq!(pod.automount_service_account_token, Some(false));
+    let psc = pod.security_context.expect("pod sc");
+    assert_eq!(psc.run_as_non_root, Some(true));
+    assert_eq!(
+        psc.seccomp_profile.expect("seccomp").type_,
+        "RuntimeDefault"
+    );
+    let c = &pod.containers[0];
+    assert_eq!(c.name, "router");
+    assert_eq!(
+        c.image.as_deref(),
+        Some("ghcr.io/tidegate/engine:1"),
+        "one image"
+    );
+    let sc = c.security_context.clone().expect("sc");
+    assert_eq!(sc.run_as_non_root, Some(true));
+    assert_eq!(sc.read_only_root_filesystem, Some(true));
+    assert_eq!(sc.allow_privilege_escalation, Some(false));
+    assert_eq!(
+        sc.capabilities.expect("caps").drop,
+        Some(vec!["ALL".into()])
+    );
+    assert_eq!(sc.seccomp_profile.expect("seccomp").type_, "RuntimeDefault");
+
+    // The engines ask for 2 GPUs; the router for none.
+    let res = c.resources.clone().expect("resources");
+    for amounts in [res.limits.expect("limits"), res.requests.expect("requests")] {
+        assert!(!amounts.contains_key("nvidia.com/gpu"), "{amounts:?}");
+        assert!(amounts.contains_key("cpu") && amounts.contains_key("memory"));
+    }
+
+    let args = c.args.clone().expect("args");
+    assert_eq!(
+        args,
+        tidegate_api::router::router_args(&p.spec, &router::pod_router_site(&p.spec))
+    );
+    let joined = args.join(" ");
+    assert_eq!(args[0], "route", "{joined}");
+    for want in [
+        "--listen 0.0.0.0:8000",
+        "--admin-listen 0.0.0.0:8001",
+        "--limit-share 2",
+        "--load-factor 1.25",
+        "--hold-timeout 300s",
+        "--log-format json",
+    ] {
+        assert!(joined.contains(want), "{want} missing in {joined}");
+    }
+    assert!(
+        !joined.contains("--endpoint"),
+        "the operator pushes engines: {joined}"
+    );
+
+    let env = c.env.clone().expect("env");
+    for name in ["TIDEGATE_ADMIN_TOKEN", "TIDEGATE_ROUTER_TOKEN"] {
+        let var = env.iter().find(|e| e.name == name).expect(name);
+        assert_eq!(var.value, None, "{name}: never the token itself");
+        let key = var
+            .value_from
+            .clone()
+            .expect("from")
+            .secret_key_ref
+            .expect("secret ref");
+        assert_eq!(
+            (key.name.as_str(), key.key.as_str()),
+            ("chat-admin", "token")
+        );
+    }
+
+    let ports: Vec<(String, i32)> = c
+        .ports
+        .clone()
+        .expect("ports")
+        .into_iter()
+        .map(|p| (p.name.unwrap_or_default(), p.container_port))
+        .collect();
+    assert_eq!(ports, vec![("http".into(), 8000), ("admin".into(), 8001)]);
+    let ready = c
+        .readiness_probe
+        .clone()
+        .expect("readiness")
+        .http_get
+        .expect("get");
+    assert_eq!(ready.path.as_deref(), Some("/readyz"));
+    assert_eq!(ready.port, IntOrString::String("http".into()));
+    let live = c
+        .liveness_probe
+        .clone()
+        .expect("liveness")
+        .http_get
+        .expect("get");
+    assert_eq!(live.path.as_deref(), Some("/healthz"));
+
+    let pdb = router::router_pod_disruption_budget("chat", "prod", owners);
+    assert_eq!(pdb.metadata.name.as_deref(), Some("chat-router"));
+    let ps = pdb.spec.expect("spec");
+    assert_eq!(ps.max_unavailable, Some(IntOrString::Int(1)));
+    assert_eq!(
+        ps.selector.expect("selector").match_labels,
+        Some(router_selector_labels("chat"))
+    );
+}
+
+#[test]
+fn router_replicas_follow_the_spec() {
+    let p = spec(serde_json::json!({"router": {"replicas": 5}}));
+    let d = router::router_deployment("chat", "prod", &p, vec![]);
+    let ds = d.spec.expect("spec");
+    assert_eq!(ds.replicas, Some(5));
+    let args = ds.template.spec.expect("pod").containers[0]
+        .args
+        .clone()
+        .expect("args")
+        .join(" ");
+    assert!(
+        args.contains("--limit-share 5"),
+        "each router enforces 1/5: {args}"
+    );
+    assert!(d.metadata.owner_references.is_none());
 }

@@ -48,19 +48,27 @@ impl MetricsSource for FakeMetrics {
     }
 }
 
+/// (router admin URL, engine names pushed to it).
+type EndpointPush = (String, Vec<String>);
+
 #[derive(Clone, Default)]
 struct FakeControl {
     pushes: Arc<Mutex<Vec<(String, String, EnginePolicy)>>>,
     drains: Arc<Mutex<Vec<String>>>,
+    endpoint_pushes: Arc<Mutex<Vec<EndpointPush>>>,
 }
 
 impl EngineControl for FakeControl {
     async fn push_endpoints(
         &self,
-        _: &Endpoint,
+        router: &Endpoint,
         _: &str,
-        _: &tidegate_api::router::RouterEndpoints,
+        set: &tidegate_api::router::RouterEndpoints,
     ) -> Result<tidegate_api::router::EndpointsView, ControlError> {
+        if let Ok(mut p) = self.endpoint_pushes.lock() {
+            let names = set.endpoints.iter().map(|e| e.name.clone()).collect();
+            p.push((router.admin_url.clone(), names));
+        }
         Ok(Default::default())
     }
     async fn push_policy(
@@ -201,6 +209,15 @@ fn deployment(replicas: i32, ready: i32) -> Value {
 }
 
 fn pods(names: &[&str]) -> Value {
+    pods_in(names, 0)
+}
+
+/// Router pods: addresses after the engines'.
+fn router_pods(names: &[&str]) -> Value {
+    pods_in(names, 100)
+}
+
+fn pods_in(names: &[&str], first_ip: usize) -> Value {
     let items: Vec<Value> = names
         .iter()
         .enumerate()
@@ -208,7 +225,7 @@ fn pods(names: &[&str]) -> Value {
             json!({
                 "metadata": {"name": n, "namespace": "prod"},
                 "status": {
-                    "podIP": format!("10.0.0.{}", i + 1),
+                    "podIP": format!("10.0.0.{}", first_ip + i + 1),
                     "conditions": [{"type": "Ready", "status": "True"}]
                 }
             })
@@ -280,6 +297,18 @@ impl Call {
     fn get(path: &str, answer: Value) -> Self {
         Call::new(Method::GET, path, StatusCode::OK, Some(answer))
     }
+    /// The engine pods' list: by the engine selector only.
+    fn engine_pods(answer: Value) -> Self {
+        let mut c = Call::get(PODS, answer);
+        c.query_has = vec!["tidegate-engine", "tidegate.dev%2Fpool%3Dchat"];
+        c
+    }
+    /// The router pods' list: by the router selector only.
+    fn router_pods(answer: Value) -> Self {
+        let mut c = Call::get(PODS, answer);
+        c.query_has = vec!["tidegate-router", "tidegate.dev%2Fpool%3Dchat"];
+        c
+    }
     fn missing(path: &str) -> Self {
         let status = json!({"kind": "Status", "apiVersion": "v1", "metadata": {},
             "status": "Failure", "message": "not found", "reason": "NotFound", "code": 404});
@@ -316,6 +345,9 @@ fn owned_by_pool(v: &Value) {
 const DEP: &str = "/apis/apps/v1/namespaces/prod/deployments/chat";
 const SVC: &str = "/api/v1/namespaces/prod/services/chat";
 const PDB: &str = "/apis/policy/v1/namespaces/prod/poddisruptionbudgets/chat";
+const ROUTER_DEP: &str = "/apis/apps/v1/namespaces/prod/deployments/chat-router";
+const ROUTER_PDB: &str = "/apis/policy/v1/namespaces/prod/poddisruptionbudgets/chat-router";
+const ENGINES_SVC: &str = "/api/v1/namespaces/prod/services/chat-engines";
 const PODS: &str = "/api/v1/namespaces/prod/pods";
 const ADMIN: &str = "/api/v1/namespaces/prod/secrets/chat-admin";
 const TENANTS: &str = "/api/v1/namespaces/prod/configmaps/chat-tenants";
@@ -331,14 +363,48 @@ fn apply_workload(replicas: i64) -> Vec<Call> {
             assert_eq!(c["resources"]["limits"]["nvidia.com/gpu"], "1");
             assert_eq!(c["securityContext"]["readOnlyRootFilesystem"], true);
         }),
-        Call::apply(SVC, |v| {
+        Call::apply(ENGINES_SVC, |v| {
             owned_by_pool(v);
+            assert_eq!(v["spec"]["clusterIP"], "None");
+            assert_eq!(
+                v["spec"]["selector"]["app.kubernetes.io/name"],
+                "tidegate-engine"
+            );
             assert_eq!(v["spec"]["ports"][0]["port"], 8000);
             assert_eq!(v["spec"]["ports"][1]["port"], 8001);
         }),
         Call::apply(PDB, |v| {
             owned_by_pool(v);
             assert_eq!(v["spec"]["maxUnavailable"], 1);
+        }),
+        Call::apply(ROUTER_DEP, |v| {
+            owned_by_pool(v);
+            assert_eq!(v["spec"]["replicas"], 2, "{v}");
+            let c = &v["spec"]["template"]["spec"]["containers"][0];
+            assert_eq!(c["args"][0], "route");
+            assert!(
+                c["resources"]["limits"].get("nvidia.com/gpu").is_none(),
+                "{c}"
+            );
+            assert_eq!(c["securityContext"]["readOnlyRootFilesystem"], true);
+        }),
+        Call::apply(ROUTER_PDB, |v| {
+            owned_by_pool(v);
+            assert_eq!(v["spec"]["maxUnavailable"], 1);
+            assert_eq!(
+                v["spec"]["selector"]["matchLabels"]["app.kubernetes.io/name"],
+                "tidegate-router"
+            );
+        }),
+        // Last: clients move to the routers once those exist.
+        Call::apply(SVC, |v| {
+            owned_by_pool(v);
+            assert_eq!(
+                v["spec"]["selector"]["app.kubernetes.io/name"],
+                "tidegate-router"
+            );
+            assert_eq!(v["spec"]["ports"][0]["port"], 8000);
+            assert_eq!(v["spec"]["ports"].as_array().map(Vec::len), Some(1));
         }),
     ]
 }
@@ -390,7 +456,11 @@ impl Scenario {
                     keys_secret(),
                 ));
                 calls.push(Call::get(DEP, deployment(2, 2)));
-                calls.push(Call::get(PODS, pods(&["chat-a", "chat-b"])));
+                calls.push(Call::engine_pods(pods(&["chat-a", "chat-b"])));
+                calls.push(Call::router_pods(router_pods(&[
+                    "chat-router-a",
+                    "chat-router-b",
+                ])));
                 calls.push(Call::missing(ADMIN));
                 calls.push(Call::create("/api/v1/namespaces/prod/secrets", |v| {
                     owned_by_pool(v);
@@ -429,7 +499,8 @@ impl Scenario {
             Scenario::TierPolicyMissing => {
                 calls.push(Call::missing(POLICY));
                 calls.push(Call::missing(DEP));
-                calls.push(Call::get(PODS, pods(&[])));
+                calls.push(Call::engine_pods(pods(&[])));
+                calls.push(Call::router_pods(router_pods(&[])));
                 calls.push(Call::get(ADMIN, admin_secret()));
                 calls.extend(apply_workload(1));
                 calls.push(Call::missing(TENANTS));
@@ -444,7 +515,8 @@ impl Scenario {
             }
             Scenario::ScaleDown => {
                 calls.push(Call::get(DEP, deployment(3, 3)));
-                calls.push(Call::get(PODS, pods(&["chat-a", "chat-b", "chat-c"])));
+                calls.push(Call::engine_pods(pods(&["chat-a", "chat-b", "chat-c"])));
+                calls.push(Call::router_pods(router_pods(&[])));
                 calls.push(Call::get(ADMIN, admin_secret()));
                 calls.push(Call::merge(&format!("{PODS}/chat-c"), Some(pods(&["chat-c"])["items"][0].clone()), |v| {
                     assert_eq!(
@@ -626,7 +698,22 @@ async fn scale_up_applies_workload_registry_and_status() {
     let r = run(Scenario::ScaleUp).await;
     assert!(r.events_refused >= 1, "a ScaledUp event was attempted");
     let pushes = r.control.pushes.lock().expect("pushes").clone();
-    assert_eq!(pushes.len(), 2, "policy pushed to both ready engines");
+    let targets: Vec<&str> = pushes.iter().map(|(name, _, _)| name.as_str()).collect();
+    assert_eq!(
+        targets,
+        ["chat-a", "chat-b", "chat-router-a", "chat-router-b"],
+        "policy pushed to both ready engines and both routers"
+    );
+    // Each router, at its pod address and the router contract's admin port, got the engines.
+    let sets = r.control.endpoint_pushes.lock().expect("sets").clone();
+    let engines = vec!["chat-a".to_string(), "chat-b".to_string()];
+    assert_eq!(
+        sets,
+        vec![
+            ("http://10.0.0.101:8001".to_string(), engines.clone()),
+            ("http://10.0.0.102:8001".to_string(), engines),
+        ]
+    );
     let (_, token, policy) = &pushes[0];
     assert_eq!(token.len(), 64, "the created admin token is used");
     assert_eq!(policy.admitted_tenants, vec!["acme".to_string()]);

@@ -1,6 +1,6 @@
 //! The launch-contract drift test: the engine command lines and environments both runtimes
 //! produce, for every pool under examples/ and for a pool with every optional field set, are
-//! parsed by the engine's own `serve` parser. A flag the engine refuses, a variable it does
+//! parsed by the engine's own `serve` parser, and the router pod's by its `route` parser. A flag the engine refuses, a variable it does
 //! not read, or a pool field that arrives with another meaning fails here, not as a crash
 //! loop in a cluster.
 
@@ -299,4 +299,80 @@ fn a_flag_the_engine_does_not_know_is_refused_by_its_parser() {
     // The drift this test exists for: the operator once passed a flag the engine lacked.
     let err = parse_serve(["serve", "--model", "/m", "--no-such-flag", "1"]).expect_err("refused");
     assert!(err.to_string().contains("--no-such-flag"), "{err}");
+}
+
+/// The router's subcommand, parsed as the engine binary parses it.
+#[derive(clap::Parser)]
+struct RouterBinary {
+    #[command(subcommand)]
+    cmd: RouterCmd,
+}
+
+#[derive(clap::Subcommand)]
+enum RouterCmd {
+    Route(tidegate_engine::router::cli::RouteArgs),
+}
+
+/// Every variable the router reads.
+fn router_env_names() -> BTreeSet<String> {
+    use clap::CommandFactory;
+    let cmd = RouterBinary::command();
+    let route = cmd
+        .find_subcommand(tidegate_api::router::ROUTE)
+        .expect("route subcommand");
+    route
+        .get_arguments()
+        .filter_map(|a| a.get_env())
+        .map(|e| e.to_string_lossy().into_owned())
+        .collect()
+}
+
+#[test]
+fn every_example_pool_runs_a_router_the_router_parses_with_the_same_meaning() {
+    use clap::Parser;
+    let known = router_env_names();
+    for pool in example_pools().iter().chain([&every_field_pool()]) {
+        let name = pool.metadata.name.as_deref().expect("name");
+        let spec = &pool.spec;
+        let tpl = tidegate_operator::k8s::router::router_pod_template(name, spec);
+        let c: &Container = &tpl.spec.as_ref().expect("pod").containers[0];
+        let args = c.args.clone().expect("args");
+        let argv = std::iter::once("tidegate-engine".to_string()).chain(args.iter().cloned());
+        let RouterCmd::Route(r) = RouterBinary::try_parse_from(argv)
+            .unwrap_or_else(|e| panic!("{name}: the router refuses {args:?}: {e}"))
+            .cmd;
+        assert_eq!(r.listen.to_string(), "0.0.0.0:8000", "{name}");
+        assert_eq!(r.admin_listen.to_string(), "0.0.0.0:8001", "{name}");
+        assert!(
+            r.endpoints.is_empty(),
+            "{name}: the operator pushes engines"
+        );
+        assert_eq!(r.load_factor, spec.router.load_factor, "{name}");
+        assert_eq!(
+            r.hold_timeout.as_secs(),
+            spec.router.hold_timeout.as_std().as_secs_f64().ceil() as u64,
+            "{name}"
+        );
+        assert_eq!(
+            r.max_held_requests, spec.router.max_held_requests as usize,
+            "{name}"
+        );
+        assert_eq!(
+            i64::from(r.limit_share),
+            i64::from(spec.router.replicas),
+            "{name}: each router enforces 1/replicas"
+        );
+        assert_eq!(
+            i64::try_from(r.engine_slots).expect("slots"),
+            i64::from(spec.engine.max_batch_size) + i64::from(spec.engine.max_queued_requests),
+            "{name}: an engine's batch and its own queue"
+        );
+        for var in c.env.iter().flatten() {
+            assert!(
+                known.contains(&var.name),
+                "{name}: the router does not read {}",
+                var.name
+            );
+        }
+    }
 }

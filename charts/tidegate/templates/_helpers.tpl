@@ -80,12 +80,13 @@ grant exactly the same thing.
 - apiGroups: ["tidegate.dev"]
   resources: ["inferencepools/finalizers"]
   verbs: ["update"]
-# The engine Deployment of each pool, applied with server-side apply; deleted on scale to
-# nothing and when a pool is removed.
+# The engine and router Deployments of each pool, applied with server-side apply; deleted on
+# scale to nothing and when a pool is removed.
 - apiGroups: ["apps"]
   resources: ["deployments"]
   verbs: ["get", "list", "watch", "create", "patch", "delete"]
-# The engine Service and the admin-token Secret of each pool. Secrets are also read for
+# The Services of each pool (the front door on the routers, the engines' headless one) and
+# its admin-token Secret. Secrets are also read for
 # TierPolicy API keys (spec.tenancy.apiKeys.secretName).
 - apiGroups: [""]
   resources: ["services", "secrets"]
@@ -94,11 +95,12 @@ grant exactly the same thing.
 - apiGroups: [""]
   resources: ["configmaps"]
   verbs: ["get", "list", "watch", "create", "patch", "delete"]
-# A PodDisruptionBudget per pool.
+# The engine and router PodDisruptionBudgets of each pool.
 - apiGroups: ["policy"]
   resources: ["poddisruptionbudgets"]
   verbs: ["get", "list", "watch", "create", "patch"]
-# Engine pods: readiness, and their addresses for the admin API (drain before scale-down);
+# Engine and router pods: readiness, and their addresses for the admin API (drain before
+# scale-down; policy and engine-set pushes to the routers);
 # patch sets controller.kubernetes.io/pod-deletion-cost on a drained pod so the ReplicaSet
 # removes it and not one still serving.
 - apiGroups: [""]

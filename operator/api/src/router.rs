@@ -16,7 +16,7 @@
 
 use serde::{Deserialize, Serialize};
 
-use crate::engine_launch::{Args, whole_seconds};
+use crate::engine_launch::{Args, EnvValue, whole_seconds};
 use crate::engine_metrics::{Kind, Label, Metric};
 use crate::inference_pool::InferencePoolSpec;
 
@@ -248,6 +248,15 @@ pub fn router_args(spec: &InferencePoolSpec, site: &RouterSite) -> Vec<String> {
     a.flag(flag::LIMIT_SHARE, site.limit_share.max(1));
     a.flag(flag::LOG_FORMAT, site.log_format);
     a.0
+}
+
+/// The router's environment: the admin token (its admin API) and the router token (what it
+/// proves itself to the engines with), both the pool's admin token, as in the engines'.
+pub fn router_env() -> Vec<(&'static str, EnvValue)> {
+    vec![
+        (crate::engine_launch::env::ADMIN_TOKEN, EnvValue::AdminToken),
+        (env::ROUTER_TOKEN, EnvValue::AdminToken),
+    ]
 }
 
 #[cfg(test)]

@@ -122,9 +122,9 @@ pub fn pod_launch_site(spec: &InferencePoolSpec, model_path: &str) -> LaunchSite
     }
 }
 
-/// The engine's environment: the contract's variables, the admin token from the pool's
-/// Secret.
-fn engine_env(pool: &str, vars: &[(&'static str, EnvValue)]) -> Vec<EnvVar> {
+/// A contract's environment (the engine's or the router's): literals as they are, the admin
+/// token as a reference to the pool's Secret (never its value).
+pub fn contract_env(pool: &str, vars: &[(&'static str, EnvValue)]) -> Vec<EnvVar> {
     vars.iter()
         .map(|(name, value)| match value {
             EnvValue::Literal(v) => EnvVar {
@@ -189,7 +189,8 @@ pub fn container_security_context() -> SecurityContext {
     }
 }
 
-fn pod_security_context() -> PodSecurityContext {
+/// The restricted pod securityContext (the engine's uid/gid).
+pub fn pod_security_context() -> PodSecurityContext {
     PodSecurityContext {
         run_as_non_root: Some(true),
         run_as_user: Some(ENGINE_UID),
@@ -214,7 +215,8 @@ fn startup_probe_failures(spec: &InferencePoolSpec) -> i32 {
         .max(1)
 }
 
-fn http_probe(path: &str, period: i32, failures: i32) -> Probe {
+/// An HTTP probe on the container's `http` port.
+pub fn http_probe(path: &str, period: i32, failures: i32) -> Probe {
     Probe {
         http_get: Some(HTTPGetAction {
             path: Some(path.to_string()),
@@ -228,7 +230,8 @@ fn http_probe(path: &str, period: i32, failures: i32) -> Probe {
     }
 }
 
-fn empty_dir(name: &str, size: Option<&str>) -> Volume {
+/// An emptyDir volume, with an optional size limit.
+pub fn empty_dir(name: &str, size: Option<&str>) -> Volume {
     Volume {
         name: name.to_string(),
         empty_dir: Some(EmptyDirVolumeSource {
@@ -239,7 +242,8 @@ fn empty_dir(name: &str, size: Option<&str>) -> Volume {
     }
 }
 
-fn mount(name: &str, path: &str, read_only: bool) -> VolumeMount {
+/// A volume mount.
+pub fn mount(name: &str, path: &str, read_only: bool) -> VolumeMount {
     VolumeMount {
         name: name.to_string(),
         mount_path: path.to_string(),
@@ -286,7 +290,7 @@ pub fn pod_template(pool: &str, spec: &InferencePoolSpec) -> Result<PodTemplateS
         name: "engine".to_string(),
         image: Some(spec.engine.image.clone()),
         args: Some(launch.args),
-        env: Some(engine_env(pool, &launch.env)),
+        env: Some(contract_env(pool, &launch.env)),
         ports: Some(vec![
             ContainerPort {
                 name: Some("http".to_string()),

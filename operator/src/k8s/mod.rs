@@ -4,10 +4,19 @@
 //!
 //! Names and labels of what the operator creates for a pool `P` (the chart's PodMonitor,
 //! NetworkPolicy and dashboards rely on them):
-//! - Deployment `P`, Service `P` (port 8000 `http`, 8001 `admin`), PodDisruptionBudget `P`
+//! - Deployment `P` (engines), headless Service `P-engines` (port 8000 `http`, 8001 `admin`),
+//!   PodDisruptionBudget `P`
+//! - Deployment `P-router` (the pool router), PodDisruptionBudget `P-router`
+//! - Service `P` (port 8000 `http`): the pool's front door, selecting the router pods, so a
+//!   client's URL is the same as before the router existed
 //! - Secret `P-admin` (key `token`): the engine admin token, created once, never rewritten
 //! - ConfigMap `P-tenants` (binaryData `registry.bin`), shards `P-tenants-1..N` when large
-//! - every pod: `app.kubernetes.io/name=tidegate-engine`, `tidegate.dev/pool=P`
+//! - every engine pod: `app.kubernetes.io/name=tidegate-engine`, `tidegate.dev/pool=P`
+//! - every router pod: `app.kubernetes.io/name=tidegate-router`, `tidegate.dev/pool=P`
+//!
+//! Invariant: the two selectors never match each other's pods (they differ in
+//! `app.kubernetes.io/name`), so engine listings, the engine PDB and the engines' Service
+//! never see a router pod, and the front-door Service never sends a client to an engine.
 
 pub mod api_keys;
 pub mod controller;
@@ -22,6 +31,7 @@ pub mod owners;
 pub mod prometheus;
 pub mod registry_store;
 pub mod render;
+pub mod router;
 pub mod run;
 pub mod runtime;
 pub mod shutdown;
@@ -34,18 +44,35 @@ use std::collections::BTreeMap;
 pub const FIELD_MANAGER: &str = "tidegate-operator";
 /// `app.kubernetes.io/name` of every engine pod.
 pub const ENGINE_APP: &str = "tidegate-engine";
+/// `app.kubernetes.io/name` of every router pod (not the engines': the engine Deployment's
+/// selector is immutable and must not match router pods).
+pub const ROUTER_APP: &str = "tidegate-router";
 /// Pod label holding the pool's name (the PodMonitor copies it into the `pool` metric label).
 pub const POOL_LABEL: &str = "tidegate.dev/pool";
 /// Engine API port (OpenAI API, /metrics, /healthz, /readyz), from the launch contract.
 pub const HTTP_PORT: i32 = tidegate_api::engine_launch::HTTP_PORT as i32;
 /// Engine admin API port, from the launch contract.
 pub const ADMIN_PORT: i32 = tidegate_api::engine_launch::ADMIN_PORT as i32;
+/// Router API port (OpenAI API, /metrics, /healthz, /readyz), from the router contract.
+pub const ROUTER_HTTP_PORT: i32 = tidegate_api::router::HTTP_PORT as i32;
+/// Router admin API port, from the router contract.
+pub const ROUTER_ADMIN_PORT: i32 = tidegate_api::router::ADMIN_PORT as i32;
 /// Key of the admin token in the pool's admin Secret.
 pub const ADMIN_TOKEN_KEY: &str = "token";
 
 /// Name of the pool's admin-token Secret.
 pub fn admin_secret_name(pool: &str) -> String {
     format!("{pool}-admin")
+}
+
+/// Name of the pool's router Deployment and its PodDisruptionBudget.
+pub fn router_name(pool: &str) -> String {
+    format!("{pool}-router")
+}
+
+/// Name of the pool's internal (headless) Service over its engine pods.
+pub fn engines_service_name(pool: &str) -> String {
+    format!("{pool}-engines")
 }
 
 /// Labels that select a pool's engine pods (the Deployment selector; immutable).
@@ -56,22 +83,52 @@ pub fn selector_labels(pool: &str) -> BTreeMap<String, String> {
     ])
 }
 
-/// The selector as a label-selector string, e.g. for list calls and status.selector.
-pub fn selector_string(pool: &str) -> String {
-    selector_labels(pool)
+/// Labels that select a pool's router pods (the router Deployment's selector; immutable).
+pub fn router_selector_labels(pool: &str) -> BTreeMap<String, String> {
+    BTreeMap::from([
+        ("app.kubernetes.io/name".to_string(), ROUTER_APP.to_string()),
+        (POOL_LABEL.to_string(), pool.to_string()),
+    ])
+}
+
+fn label_string(labels: &BTreeMap<String, String>) -> String {
+    labels
         .iter()
         .map(|(k, v)| format!("{k}={v}"))
         .collect::<Vec<_>>()
         .join(",")
 }
 
-/// Labels on every object the operator creates for a pool.
+/// The engine selector as a label-selector string, e.g. for list calls and status.selector.
+pub fn selector_string(pool: &str) -> String {
+    label_string(&selector_labels(pool))
+}
+
+/// The router selector as a label-selector string (list calls).
+pub fn router_selector_string(pool: &str) -> String {
+    label_string(&router_selector_labels(pool))
+}
+
+/// Labels on every object the operator creates for a pool's engines (and the pool's
+/// Secret, ConfigMaps and front-door Service, which are the pool's own).
 pub fn common_labels(pool: &str) -> BTreeMap<String, String> {
-    let mut labels = selector_labels(pool);
+    with_common(selector_labels(pool), pool, "engine")
+}
+
+/// Labels on the router Deployment, its pods and its PodDisruptionBudget.
+pub fn router_labels(pool: &str) -> BTreeMap<String, String> {
+    with_common(router_selector_labels(pool), pool, "router")
+}
+
+fn with_common(
+    mut labels: BTreeMap<String, String>,
+    pool: &str,
+    component: &str,
+) -> BTreeMap<String, String> {
     labels.insert("app.kubernetes.io/instance".to_string(), pool.to_string());
     labels.insert(
         "app.kubernetes.io/component".to_string(),
-        "engine".to_string(),
+        component.to_string(),
     );
     labels.insert(
         "app.kubernetes.io/managed-by".to_string(),

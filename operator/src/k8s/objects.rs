@@ -1,5 +1,11 @@
-//! The Service, PodDisruptionBudget, admin-token Secret and registry ConfigMaps of a pool
-//! (pure builders, no I/O).
+//! The Services, engine PodDisruptionBudget, admin-token Secret and registry ConfigMaps of a
+//! pool (pure builders, no I/O).
+//!
+//! Two Services: `P`, the front door clients use, selects the router pods (its name is the
+//! one clients used before the router existed, so their URLs did not change); `P-engines`,
+//! headless, selects the engine pods, for per-pod DNS (scrapes, debugging). It is headless
+//! on purpose: a load-balancing address over the engines would invite traffic around the
+//! router, losing its KV affinity and pool-wide admission.
 
 use std::collections::BTreeMap;
 
@@ -10,7 +16,8 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::{LabelSelector, ObjectMeta, 
 use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
 
 use super::{
-    ADMIN_PORT, ADMIN_TOKEN_KEY, HTTP_PORT, admin_secret_name, common_labels, selector_labels,
+    ADMIN_PORT, ADMIN_TOKEN_KEY, HTTP_PORT, ROUTER_HTTP_PORT, admin_secret_name, common_labels,
+    engines_service_name, router_labels, router_selector_labels, selector_labels,
 };
 
 fn meta(name: String, pool: &str, namespace: &str, owners: Vec<OwnerReference>) -> ObjectMeta {
@@ -33,12 +40,31 @@ fn port(name: &str, number: i32) -> ServicePort {
     }
 }
 
-/// The pool's Service: `http` (8000) for clients, `admin` (8001) for the operator.
+/// The pool's front door `P`: `http` (8000) on the router pods. The routers' admin API is
+/// not on it: the operator pushes to every router pod by its address, one by one.
 pub fn service(pool: &str, namespace: &str, owners: Vec<OwnerReference>) -> Service {
+    let mut metadata = meta(pool.to_string(), pool, namespace, owners);
+    metadata.labels = Some(router_labels(pool));
     Service {
-        metadata: meta(pool.to_string(), pool, namespace, owners),
+        metadata,
         spec: Some(ServiceSpec {
             type_: Some("ClusterIP".to_string()),
+            selector: Some(router_selector_labels(pool)),
+            ports: Some(vec![port("http", ROUTER_HTTP_PORT)]),
+            ..ServiceSpec::default()
+        }),
+        status: None,
+    }
+}
+
+/// The engines' internal Service `P-engines` (headless): `http` (8000) and `admin` (8001) on
+/// the engine pods.
+pub fn engines_service(pool: &str, namespace: &str, owners: Vec<OwnerReference>) -> Service {
+    Service {
+        metadata: meta(engines_service_name(pool), pool, namespace, owners),
+        spec: Some(ServiceSpec {
+            type_: Some("ClusterIP".to_string()),
+            cluster_ip: Some("None".to_string()),
             selector: Some(selector_labels(pool)),
             ports: Some(vec![port("http", HTTP_PORT), port("admin", ADMIN_PORT)]),
             ..ServiceSpec::default()
@@ -47,7 +73,7 @@ pub fn service(pool: &str, namespace: &str, owners: Vec<OwnerReference>) -> Serv
     }
 }
 
-/// The pool's PodDisruptionBudget: voluntary evictions take at most one engine at a time.
+/// The engines' PodDisruptionBudget `P`: voluntary evictions take at most one engine at a time.
 pub fn pod_disruption_budget(
     pool: &str,
     namespace: &str,

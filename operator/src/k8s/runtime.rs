@@ -1,6 +1,7 @@
 //! `K8sRuntime`: the WorkloadRuntime port on Kubernetes. A pool runs as a Deployment of engine
-//! pods with a Service and a PodDisruptionBudget, all applied with server-side apply under
-//! one field manager, owned by the InferencePool.
+//! pods (with a headless Service and a PodDisruptionBudget) behind a Deployment of router
+//! pods (with a PodDisruptionBudget) and the front-door Service on the routers, all applied
+//! with server-side apply under one field manager, owned by the InferencePool.
 //!
 //! Invariants:
 //! - Before a scale-down, the replicas the driver drained get
@@ -9,6 +10,10 @@
 //! - The admin-token Secret is created once with a random token and never rewritten; a
 //!   Secret someone else created first is used as it is.
 //! - Pods being deleted are not endpoints; an endpoint is ready when its Ready condition is.
+//! - Engine endpoints come from the engine selector and routers from the router selector;
+//!   neither listing ever holds the other's pods.
+//! - The front-door Service is applied last: on a pool that ran before the router existed,
+//!   clients move to the routers only once the router Deployment has been applied.
 
 use std::collections::HashMap;
 use std::sync::Mutex;
@@ -26,7 +31,8 @@ use tracing::{debug, info};
 
 use super::owners::OwnerBook;
 use super::{
-    ADMIN_PORT, ADMIN_TOKEN_KEY, FIELD_MANAGER, HTTP_PORT, admin_secret_name, objects, render,
+    ADMIN_PORT, ADMIN_TOKEN_KEY, FIELD_MANAGER, HTTP_PORT, ROUTER_ADMIN_PORT, ROUTER_HTTP_PORT,
+    admin_secret_name, engines_service_name, objects, render, router_name, router_selector_string,
     selector_string,
 };
 use crate::ports::{Endpoint, PoolRef, RuntimeError, WorkloadRuntime, WorkloadState};
@@ -101,6 +107,15 @@ fn secret_token(secret: &Secret) -> Option<String> {
 
 /// A pod as an engine endpoint; None while it has no IP or is being deleted.
 pub fn pod_endpoint(pod: &Pod) -> Option<Endpoint> {
+    pod_at(pod, HTTP_PORT, ADMIN_PORT)
+}
+
+/// A pod as a router endpoint (the router contract's ports); None as for an engine.
+pub fn router_pod_endpoint(pod: &Pod) -> Option<Endpoint> {
+    pod_at(pod, ROUTER_HTTP_PORT, ROUTER_ADMIN_PORT)
+}
+
+fn pod_at(pod: &Pod, http_port: i32, admin_port: i32) -> Option<Endpoint> {
     if pod.metadata.deletion_timestamp.is_some() {
         return None;
     }
@@ -119,8 +134,8 @@ pub fn pod_endpoint(pod: &Pod) -> Option<Endpoint> {
     };
     Some(Endpoint {
         name,
-        api_url: format!("http://{host}:{HTTP_PORT}"),
-        admin_url: format!("http://{host}:{ADMIN_PORT}"),
+        api_url: format!("http://{host}:{http_port}"),
+        admin_url: format!("http://{host}:{admin_port}"),
         ready,
     })
 }
@@ -140,6 +155,16 @@ impl WorkloadRuntime for K8sRuntime {
             .map_err(|e| err("listing pods", pool, e))?;
         let mut endpoints: Vec<Endpoint> = list.items.iter().filter_map(pod_endpoint).collect();
         endpoints.sort_by(|a, b| a.name.cmp(&b.name));
+        let router_list = pods
+            .list(&ListParams::default().labels(&router_selector_string(&pool.name)))
+            .await
+            .map_err(|e| err("listing router pods", pool, e))?;
+        let mut routers: Vec<Endpoint> = router_list
+            .items
+            .iter()
+            .filter_map(router_pod_endpoint)
+            .collect();
+        routers.sort_by(|a, b| a.name.cmp(&b.name));
         let replicas = dep
             .as_ref()
             .map(|d| d.spec.as_ref().and_then(|s| s.replicas).unwrap_or(1));
@@ -152,8 +177,7 @@ impl WorkloadRuntime for K8sRuntime {
             replicas,
             ready_replicas,
             endpoints,
-            // The router Deployment's pods: filled in with the router objects.
-            routers: Vec::new(),
+            routers,
             selector,
         })
     }
@@ -190,16 +214,26 @@ impl WorkloadRuntime for K8sRuntime {
         // The same builder `tidegate-operator render` prints.
         let objs = render::pool_objects(name, ns, spec, replicas, owners)
             .map_err(|e| err("building the Deployment", pool, e))?;
+        let router = router_name(name);
         self.ssa::<Deployment>(ns, name, &objs.deployment)
             .await
             .map_err(|e| err("applying the Deployment", pool, e))?;
-        self.ssa::<Service>(ns, name, &objs.service)
+        self.ssa::<Service>(ns, &engines_service_name(name), &objs.engines_service)
             .await
-            .map_err(|e| err("applying the Service", pool, e))?;
+            .map_err(|e| err("applying the engines' Service", pool, e))?;
         self.ssa::<PodDisruptionBudget>(ns, name, &objs.pdb)
             .await
             .map_err(|e| err("applying the PodDisruptionBudget", pool, e))?;
-        info!(pool = %pool, replicas, "applied Deployment, Service and PodDisruptionBudget");
+        self.ssa::<Deployment>(ns, &router, &objs.router_deployment)
+            .await
+            .map_err(|e| err("applying the router Deployment", pool, e))?;
+        self.ssa::<PodDisruptionBudget>(ns, &router, &objs.router_pdb)
+            .await
+            .map_err(|e| err("applying the router PodDisruptionBudget", pool, e))?;
+        self.ssa::<Service>(ns, name, &objs.service)
+            .await
+            .map_err(|e| err("applying the Service", pool, e))?;
+        info!(pool = %pool, replicas, routers = spec.router.replicas, "applied the engine and router Deployments, Services and PodDisruptionBudgets");
         Ok(())
     }
 
