@@ -17,6 +17,8 @@ enum Command {
     Serve(Box<tidegate_engine::server::cli::ServeArgs>),
     /// Route a pool's traffic to its engines: KV-affine, pool-wide admission, tier queue.
     Route(Box<tidegate_engine::router::cli::RouteArgs>),
+    /// Benchmark a running router: returning-session TTFT, added latency, overload memory.
+    BenchRouter(tidegate_engine::router::bench::BenchRouterArgs),
     /// Offer a multiple of an engine's measured capacity; report refusals, queue wait, RSS.
     OverloadBench(tidegate_engine::bench::BenchArgs),
     /// Write a tiny random-weight Llama (safetensors + config.json + tokenizer.json).
@@ -50,6 +52,7 @@ fn main() -> anyhow::Result<()> {
     match Cli::parse().command {
         Command::Serve(args) => tidegate_engine::server::cli::run(*args)?,
         Command::Route(args) => tidegate_engine::router::cli::run(*args)?,
+        Command::BenchRouter(args) => tidegate_engine::router::bench::run(&args)?,
         Command::OverloadBench(args) => tidegate_engine::bench::run(args)?,
         Command::GenRandomModel { out, seed } => {
             let cfg = tidegate_engine::model::random::write_random_model(&out, seed)?;

@@ -86,6 +86,9 @@ pub struct RouteArgs {
     /// Largest request body accepted, in bytes.
     #[arg(long, env = "TIDEGATE_MAX_BODY_BYTES", default_value_t = 1 << 20)]
     pub max_body_bytes: usize,
+    /// On SIGTERM, how long the answers in flight get to finish.
+    #[arg(long, env = "TIDEGATE_ROUTER_DRAIN_GRACE", default_value = "30s", value_parser = parse_duration)]
+    pub drain_grace: Duration,
     /// Log line format.
     #[arg(long = flag::LOG_FORMAT, env = "TIDEGATE_LOG_FORMAT", value_enum, default_value_t = LogFormat::Text)]
     pub log_format: LogFormat,
@@ -168,11 +171,25 @@ pub fn run(args: RouteArgs) -> anyhow::Result<()> {
             ),
             AdminAuth::Disabled => None,
         };
-        tracing::info!(engines = config.endpoints.len(), engine_slots = config.dispatch.engine_slots, load_factor = config.dispatch.load_factor, limit_share = config.limit_share, identity_headers = config.router_token.is_some(), "router starting");
+        tracing::info!(
+            engines = config.endpoints.len(),
+            engine_slots = config.dispatch.engine_slots,
+            load_factor = config.dispatch.load_factor,
+            limit_share = config.limit_share,
+            identity_headers = config.router_token.is_some(),
+            "router starting"
+        );
         let router = super::start(config, api, admin)?;
-        tokio::select! {
-            r = router.wait() => r.context("router stopped")?,
-            () = crate::server::cli::shutdown_signal() => tracing::info!("termination signal: stopping"),
+        crate::server::cli::shutdown_signal().await;
+        // New connections are refused; answers in flight finish, within the grace.
+        tracing::info!(
+            grace_s = args.drain_grace.as_secs(),
+            "termination signal: finishing the requests in flight"
+        );
+        router.stop();
+        match tokio::time::timeout(args.drain_grace, router.wait()).await {
+            Ok(r) => r.context("router stopped")?,
+            Err(_) => tracing::warn!("requests still in flight after the grace: stopping anyway"),
         }
         Ok(())
     })

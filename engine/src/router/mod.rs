@@ -14,6 +14,7 @@
 //! from probing each engine's readiness path every [`PROBE_INTERVAL`], and a failed connect
 //! marks an engine down at once.
 
+pub mod bench;
 pub mod cli;
 pub mod dispatch;
 pub mod forward;
@@ -92,6 +93,7 @@ pub struct RunningRouter {
     pub api_addr: SocketAddr,
     pub admin_addr: Option<SocketAddr>,
     pub state: Arc<RouterState>,
+    stop: Arc<tokio::sync::Notify>,
     task: JoinHandle<std::io::Result<()>>,
 }
 
@@ -106,6 +108,13 @@ impl RunningRouter {
 
     pub fn abort(&self) {
         self.task.abort();
+    }
+
+    /// Stops taking connections; the answers in flight finish (streams included), then
+    /// [`RunningRouter::wait`] resolves.
+    pub fn stop(&self) {
+        self.stop.notify_waiters();
+        self.stop.notify_one();
     }
 }
 
@@ -166,8 +175,14 @@ pub fn start(
         admin_token,
     });
     let prober = tokio::spawn(probe_loop(Arc::clone(&state)));
-    let api_server = axum::serve(api, api_routes(Arc::clone(&state)));
-    let admin_server = admin.map(|l| axum::serve(l, admin_routes(Arc::clone(&state))));
+    let stop = Arc::new(tokio::sync::Notify::new());
+    let stopped = |stop: Arc<tokio::sync::Notify>| async move { stop.notified().await };
+    let api_server = axum::serve(api, api_routes(Arc::clone(&state)))
+        .with_graceful_shutdown(stopped(Arc::clone(&stop)));
+    let admin_server = admin.map(|l| {
+        axum::serve(l, admin_routes(Arc::clone(&state)))
+            .with_graceful_shutdown(stopped(Arc::clone(&stop)))
+    });
     tracing::info!(%api_addr, ?admin_addr, "routing");
     let task = tokio::spawn(async move {
         let admin = async move {
@@ -184,6 +199,7 @@ pub fn start(
         api_addr,
         admin_addr,
         state,
+        stop,
         task,
     })
 }
