@@ -13,6 +13,10 @@
 //! KV retention) is read from the scheduler's one tier table, which `set_tier_policy`
 //! replaces. So a push changes all of a tier's parameters together, for queued requests too.
 //!
+//! What is served is a [`LoopModel`]: a tokenizer and a [`ModelRunner`] built on the owner
+//! thread (the packed CPU runner, the candle device runner, or the echo runner of
+//! `--fake-model`). The loop, scheduler and KV manager are the same for all of them.
+//!
 //! Invariant: only the owner thread touches scheduler, KV cache and runner state; the handle
 //! shares nothing with it but channels, the ready flag and a one-slot tier-policy mailbox
 //! (one slot so a push is never lost to a full inbox; the owner applies it before it takes
@@ -40,10 +44,12 @@ use crate::backend::{
     Admitted, ChatMessage, Engine, GenerateRequest, ModelInfo, SubmitError, TokenId, TokenSender,
     TokenizeError, token_channel,
 };
+use crate::error::{Error, Result as EngineResult};
 use crate::kv_cache::Tiers;
 use crate::metrics::Metrics;
 use crate::model::{ModelFiles, Tokenizer};
-use crate::runner::{WeightChoice, WeightsPlan};
+use crate::runner::echo::{EchoConfig, EchoRunner, echo_tokenizer};
+use crate::runner::{ModelRunner, PackedRunner, RunnerConfig, WeightChoice, WeightsPlan};
 
 use owner::Owner;
 
@@ -128,32 +134,91 @@ pub struct LoopEngine {
     retry_after: Duration,
 }
 
+/// Builds a model's runner for a pool shape; runs on the owner thread (weight packing and
+/// the KV pool's allocation happen there, while the engine is not yet ready).
+pub type RunnerBuild = Box<dyn FnOnce(RunnerConfig) -> EngineResult<Box<dyn ModelRunner>> + Send>;
+
+/// What the loop serves: the tokenizer, the model's own context limit, how its weights are
+/// described, and how to build its runner.
+pub struct LoopModel {
+    /// The model's tokenizer (its EOS ids end generations).
+    pub tokenizer: Tokenizer,
+    /// The model's own context limit (`max_position_embeddings`).
+    pub max_position_embeddings: usize,
+    /// The served weight format, for `/v1/models` (`q4_1 79% + q8_0 21%`, `none`, ...).
+    pub weights: String,
+    /// Weight bytes read per decoded token (0 when not applicable).
+    pub weight_bytes_per_token: u64,
+    /// Builds the runner.
+    pub build: RunnerBuild,
+}
+
+impl LoopModel {
+    /// A loaded checkpoint on the packed CPU runner, in the formats `weights` gives.
+    pub fn packed(files: ModelFiles, weights: WeightChoice) -> EngineResult<Self> {
+        let plan = WeightsPlan::new(&files.weights, &files.config, weights)?;
+        Ok(LoopModel {
+            tokenizer: files.tokenizer.clone(),
+            max_position_embeddings: files.config.max_position_embeddings,
+            weights: plan.label(),
+            weight_bytes_per_token: plan.bytes_per_token() as u64,
+            build: Box::new(move |rc| {
+                let runner = PackedRunner::with_weights(&files, rc, weights)?;
+                Ok(Box::new(runner) as Box<dyn ModelRunner>)
+            }),
+        })
+    }
+
+    /// The echo runner (deterministic tokens, no weights): `serve --fake-model`.
+    pub fn echo(echo: EchoConfig) -> EngineResult<Self> {
+        Ok(LoopModel {
+            tokenizer: echo_tokenizer()?,
+            max_position_embeddings: echo.context_length,
+            weights: "none".into(),
+            weight_bytes_per_token: 0,
+            build: Box::new(move |rc| {
+                let runner = EchoRunner::new(&echo, rc)?;
+                Ok(Box::new(runner) as Box<dyn ModelRunner>)
+            }),
+        })
+    }
+}
+
 impl LoopEngine {
-    /// Starts the owner thread for a loaded checkpoint; the runner (weight packing, KV pool)
-    /// is built on that thread, and the engine turns ready when it is done.
+    /// Starts the owner thread for a loaded checkpoint on the packed CPU runner.
     pub fn start(
         files: ModelFiles,
         config: LoopConfig,
         metrics: Arc<Metrics>,
-    ) -> crate::error::Result<Arc<Self>> {
+    ) -> EngineResult<Arc<Self>> {
+        let model = LoopModel::packed(files, config.weights)?;
+        Self::start_model(model, config, metrics)
+    }
+
+    /// Starts the owner thread for `model`; its runner is built on that thread, and the
+    /// engine turns ready when it is done.
+    pub fn start_model(
+        model: LoopModel,
+        config: LoopConfig,
+        metrics: Arc<Metrics>,
+    ) -> EngineResult<Arc<Self>> {
         let kv_tokens = config.kv_blocks.max(1) * config.kv_block_tokens.max(1);
         // What the scheduler takes, and never more than the KV pool can hold.
         let context = config
-            .max_model_len(files.config.max_position_embeddings)
+            .max_model_len(model.max_position_embeddings)
             .min(kv_tokens);
-        let plan = WeightsPlan::new(&files.weights, &files.config, config.weights)?;
         let info = ModelInfo {
             id: config.model_id.clone(),
             context_length: u32::try_from(context).unwrap_or(u32::MAX),
-            weights: plan.label(),
-            weight_bytes_per_token: plan.bytes_per_token() as u64,
+            weights: model.weights.clone(),
+            weight_bytes_per_token: model.weight_bytes_per_token,
             created: SystemTime::now()
                 .duration_since(UNIX_EPOCH)
                 .map(|d| d.as_secs())
                 .unwrap_or(0),
         };
         let ready = Arc::new(AtomicBool::new(false));
-        let tokenizer = Arc::new(files.tokenizer.clone());
+        let tokenizer = Arc::new(model.tokenizer.clone());
         let (inbox, rx) = sync_channel(config.max_waiting.max(1));
         let tiers = Arc::new(Mutex::new(None));
         let retry_after = config.retry_after;
@@ -161,10 +226,9 @@ impl LoopEngine {
         let owner_tiers = Arc::clone(&tiers);
         std::thread::Builder::new()
             .name("engine-loop".into())
-            .spawn(move || {
-                match Owner::new(&files, &config, metrics, owner_tiers) {
+            .spawn(
+                move || match Owner::new(model, &config, metrics, owner_tiers) {
                     Ok(mut owner) => {
-                        drop(files);
                         owner_ready.store(true, Ordering::Release);
                         owner.run(&rx);
                     }
@@ -177,9 +241,9 @@ impl LoopEngine {
                             }
                         }
                     }
-                }
-            })
-            .map_err(|e| crate::error::Error::Config(format!("spawning the engine loop: {e}")))?;
+                },
+            )
+            .map_err(|e| Error::Config(format!("spawning the engine loop: {e}")))?;
         Ok(Arc::new(LoopEngine {
             info,
             ready,
@@ -189,9 +253,18 @@ impl LoopEngine {
             retry_after,
         }))
     }
+
+    /// Starts the owner thread on the echo runner (`serve --fake-model`, tests, demos).
+    pub fn start_echo(
+        echo: EchoConfig,
+        config: LoopConfig,
+        metrics: Arc<Metrics>,
+    ) -> EngineResult<Arc<Self>> {
+        Self::start_model(LoopModel::echo(echo)?, config, metrics)
+    }
 }
 
-fn tok_err(e: crate::error::Error) -> TokenizeError {
+fn tok_err(e: Error) -> TokenizeError {
     TokenizeError::Invalid(e.to_string())
 }
 
