@@ -1,7 +1,7 @@
 //! The batched forward pass over a paged KV store: the engine loop's only entry point to a
 //! model, behind one interface ([`ModelRunner`]) with several implementations — the packed
-//! CPU runner ([`PackedRunner`], own SIMD kernels), the candle device runner and the echo
-//! runner ([`echo::EchoRunner`], deterministic tokens for tests and demos). Fakes are runners
+//! CPU runner ([`PackedRunner`], own SIMD kernels), the candle device runner
+//! ([`candle::CandleRunner`], CPU and CUDA) and the echo runner ([`echo::EchoRunner`], deterministic tokens for tests and demos). Fakes are runners
 //! under the real loop, never a second engine.
 //!
 //! Contract for the engine loop (every implementation keeps it):
@@ -24,11 +24,13 @@
 //!   reference), so a restored or recomputed KV gives the same answer.
 
 pub mod attention;
+pub mod candle;
 pub mod echo;
 mod echo_model;
 pub mod kv_store;
 pub mod packed;
 mod packed_runner;
+pub mod select;
 pub mod weight_format;
 
 use crate::block_io::BlockIo;
@@ -36,6 +38,7 @@ use crate::error::{Error, Result};
 pub use kv_store::KvStore;
 pub use packed::{PackedModel, WeightsPlan};
 pub use packed_runner::PackedRunner;
+pub use select::{DeviceChoice, Placement, RunnerChoice};
 pub use weight_format::WeightChoice;
 
 /// One sequence's share of a step.
