@@ -17,6 +17,7 @@ use tidegate_api::engine_admin::EnginePolicy;
 use tidegate_engine::engine_loop::LoopConfig;
 use tidegate_engine::metrics::Metrics;
 use tidegate_engine::model::ModelFiles;
+use tidegate_engine::runner::{DeviceChoice, Placement, RunnerChoice};
 use tidegate_engine::server::{self, AdminAuth, RunningServer, ServerConfig};
 use tokio::net::TcpListener;
 
@@ -191,7 +192,24 @@ async fn streaming_yields_tokens_then_done() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn concurrent_greedy_requests_match_one_by_one() {
-    let h = Arc::new(random_harness().await);
+    concurrent_match_one_by_one(Placement::cpu_packed()).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn concurrent_greedy_requests_match_one_by_one_on_the_candle_runner() {
+    concurrent_match_one_by_one(candle_cpu()).await;
+}
+
+fn candle_cpu() -> Placement {
+    Placement::resolve(DeviceChoice::Cpu, Some(RunnerChoice::Candle)).unwrap()
+}
+
+async fn concurrent_match_one_by_one(placement: Placement) {
+    let config = LoopConfig {
+        placement,
+        ..loop_config(256)
+    };
+    let h = Arc::new(start_with(&common::random_model_dir(), config, false).await);
     let prompts = [
         "one fish",
         "two fish, red fish",
@@ -387,10 +405,23 @@ async fn pushed_queue_wait_target_applies_to_queued_requests() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn smollm2_says_paris_over_http() {
+    smollm2_paris(Placement::cpu_packed()).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn smollm2_says_paris_over_http_on_the_candle_runner() {
+    smollm2_paris(candle_cpu()).await;
+}
+
+async fn smollm2_paris(placement: Placement) {
     let Some(path) = common::smollm2_path() else {
         return;
     };
-    let h = start(&path, 512).await;
+    let config = LoopConfig {
+        placement,
+        ..loop_config(512)
+    };
+    let h = start_with(&path, config, false).await;
     let body = json!({
         "messages": [{"role": "user", "content": "What is the capital of France?"}],
         "max_tokens": 24,

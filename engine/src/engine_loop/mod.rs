@@ -26,6 +26,7 @@ pub mod bench;
 mod bench_client;
 mod bench_session;
 mod live;
+mod model;
 mod owner;
 mod publish;
 mod soak;
@@ -48,9 +49,10 @@ use crate::error::{Error, Result as EngineResult};
 use crate::kv_cache::Tiers;
 use crate::metrics::Metrics;
 use crate::model::{ModelFiles, Tokenizer};
-use crate::runner::echo::{EchoConfig, EchoRunner, echo_tokenizer};
-use crate::runner::{ModelRunner, PackedRunner, RunnerConfig, WeightChoice, WeightsPlan};
+use crate::runner::echo::EchoConfig;
+use crate::runner::{Placement, WeightChoice};
 
+pub use model::{LoopModel, RunnerBuild, ServedWeights};
 use owner::Owner;
 
 /// Sizing of the engine loop.
@@ -80,6 +82,8 @@ pub struct LoopConfig {
     pub max_context_tokens: Option<usize>,
     /// The format the projections are served in (`--weights`).
     pub weights: WeightChoice,
+    /// Where the model runs and on which runner (`--device`, `--runner`).
+    pub placement: Placement,
 }
 
 impl LoopConfig {
@@ -105,6 +109,7 @@ impl Default for LoopConfig {
             retry_after: Duration::from_secs(1),
             max_context_tokens: None,
             weights: WeightChoice::AsFile,
+            placement: Placement::cpu_packed(),
         }
     }
 }
@@ -134,64 +139,15 @@ pub struct LoopEngine {
     retry_after: Duration,
 }
 
-/// Builds a model's runner for a pool shape; runs on the owner thread (weight packing and
-/// the KV pool's allocation happen there, while the engine is not yet ready).
-pub type RunnerBuild = Box<dyn FnOnce(RunnerConfig) -> EngineResult<Box<dyn ModelRunner>> + Send>;
-
-/// What the loop serves: the tokenizer, the model's own context limit, how its weights are
-/// described, and how to build its runner.
-pub struct LoopModel {
-    /// The model's tokenizer (its EOS ids end generations).
-    pub tokenizer: Tokenizer,
-    /// The model's own context limit (`max_position_embeddings`).
-    pub max_position_embeddings: usize,
-    /// The served weight format, for `/v1/models` (`q4_1 79% + q8_0 21%`, `none`, ...).
-    pub weights: String,
-    /// Weight bytes read per decoded token (0 when not applicable).
-    pub weight_bytes_per_token: u64,
-    /// Builds the runner.
-    pub build: RunnerBuild,
-}
-
-impl LoopModel {
-    /// A loaded checkpoint on the packed CPU runner, in the formats `weights` gives.
-    pub fn packed(files: ModelFiles, weights: WeightChoice) -> EngineResult<Self> {
-        let plan = WeightsPlan::new(&files.weights, &files.config, weights)?;
-        Ok(LoopModel {
-            tokenizer: files.tokenizer.clone(),
-            max_position_embeddings: files.config.max_position_embeddings,
-            weights: plan.label(),
-            weight_bytes_per_token: plan.bytes_per_token() as u64,
-            build: Box::new(move |rc| {
-                let runner = PackedRunner::with_weights(&files, rc, weights)?;
-                Ok(Box::new(runner) as Box<dyn ModelRunner>)
-            }),
-        })
-    }
-
-    /// The echo runner (deterministic tokens, no weights): `serve --fake-model`.
-    pub fn echo(echo: EchoConfig) -> EngineResult<Self> {
-        Ok(LoopModel {
-            tokenizer: echo_tokenizer()?,
-            max_position_embeddings: echo.context_length,
-            weights: "none".into(),
-            weight_bytes_per_token: 0,
-            build: Box::new(move |rc| {
-                let runner = EchoRunner::new(&echo, rc)?;
-                Ok(Box::new(runner) as Box<dyn ModelRunner>)
-            }),
-        })
-    }
-}
-
 impl LoopEngine {
-    /// Starts the owner thread for a loaded checkpoint on the packed CPU runner.
+    /// Starts the owner thread for a loaded checkpoint on the runner `config.placement`
+    /// names.
     pub fn start(
         files: ModelFiles,
         config: LoopConfig,
         metrics: Arc<Metrics>,
     ) -> EngineResult<Arc<Self>> {
-        let model = LoopModel::packed(files, config.weights)?;
+        let model = LoopModel::for_files(files, config.placement, config.weights)?;
         Self::start_model(model, config, metrics)
     }
 
@@ -210,8 +166,8 @@ impl LoopEngine {
         let info = ModelInfo {
             id: config.model_id.clone(),
             context_length: u32::try_from(context).unwrap_or(u32::MAX),
-            weights: model.weights.clone(),
-            weight_bytes_per_token: model.weight_bytes_per_token,
+            weights: model.weights.label.clone(),
+            weight_bytes_per_token: model.weights.bytes_per_token as u64,
             created: SystemTime::now()
                 .duration_since(UNIX_EPOCH)
                 .map(|d| d.as_secs())

@@ -62,7 +62,6 @@ impl Owner {
             tokenizer,
             max_position_embeddings,
             weights,
-            weight_bytes_per_token,
             build,
         } = model;
         let runner = build(RunnerConfig {
@@ -71,8 +70,8 @@ impl Owner {
         })?;
         tracing::info!(
             runner = runner.kind(),
-            weights = %weights,
-            bytes_per_token = weight_bytes_per_token,
+            weights = %weights.label,
+            bytes_per_token = weights.bytes_per_token,
             "runner ready"
         );
         let block_bytes = runner.block_bytes();

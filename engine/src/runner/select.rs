@@ -123,12 +123,38 @@ pub fn open_device(device: DeviceChoice) -> Result<Device> {
 /// The weight dtype of the candle runner on `device`: bf16 on CUDA; f32 on the CPU, where
 /// candle's bf16 matmul widens both operands to f32 on every call (so bf16 would only be
 /// slower there, with no memory traffic saved).
-pub fn candle_dtype(device: &Device) -> DType {
-    if device.is_cuda() {
-        DType::BF16
-    } else {
-        DType::F32
+pub fn candle_dtype(device: DeviceChoice) -> DType {
+    match device {
+        DeviceChoice::Cpu => DType::F32,
+        DeviceChoice::Cuda(_) => DType::BF16,
     }
+}
+
+/// Free and total bytes of the device's memory; `None` for the CPU (its memory is sized
+/// from the container's limit instead, see `kv_sizing`).
+pub fn device_memory(device: DeviceChoice) -> Result<Option<(u64, u64)>> {
+    match device {
+        DeviceChoice::Cpu => Ok(None),
+        DeviceChoice::Cuda(_) => cuda_memory(&open_device(device)?).map(Some),
+    }
+}
+
+#[cfg(feature = "cuda")]
+fn cuda_memory(device: &Device) -> Result<(u64, u64)> {
+    let cuda = device.as_cuda_device()?;
+    let (free, total) = cuda
+        .cuda_stream()
+        .context()
+        .mem_get_info()
+        .map_err(|e| Error::Config(format!("querying the GPU's memory: {e}")))?;
+    Ok((free as u64, total as u64))
+}
+
+#[cfg(not(feature = "cuda"))]
+fn cuda_memory(_: &Device) -> Result<(u64, u64)> {
+    Err(Error::Config(
+        "this binary was built without CUDA support (the `cuda` cargo feature)".into(),
+    ))
 }
 
 #[cfg(test)]

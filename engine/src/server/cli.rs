@@ -20,11 +20,13 @@ use tokio::net::TcpListener;
 use super::{AdminAuth, ServerConfig};
 use crate::backend::Engine;
 use crate::engine_loop::{LoopConfig, LoopEngine};
-use crate::kv_sizing::{KvRequest, KvSize, read_memory_facts, size_kv_pool};
+use crate::kv_sizing::{KvRequest, KvSize, read_memory_facts, size_device_kv_pool, size_kv_pool};
 use crate::metrics::Metrics;
 use crate::model::{ModelFiles, ModelFormat};
+use crate::runner::candle::{CandleRunner, weight_count_for};
 use crate::runner::echo::EchoConfig;
-use crate::runner::{PackedRunner, WeightChoice, WeightsPlan};
+use crate::runner::select::{candle_dtype, device_memory};
+use crate::runner::{DeviceChoice, PackedRunner, Placement, RunnerChoice, WeightChoice};
 
 /// Log line format.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, ValueEnum)]
@@ -39,6 +41,10 @@ fn parse_fraction(s: &str) -> Result<f64, String> {
         Ok(f) if f > 0.0 && f <= 1.0 => Ok(f),
         _ => Err(format!("{s:?}: expected a fraction in (0, 1], e.g. 0.9")),
     }
+}
+
+fn parse_device(s: &str) -> Result<DeviceChoice, String> {
+    s.parse()
 }
 
 fn parse_duration(s: &str) -> Result<Duration, String> {
@@ -134,6 +140,14 @@ pub struct ServeArgs {
     /// Compute threads for the forward pass (default: available parallelism).
     #[arg(long, env = "TIDEGATE_THREADS")]
     pub threads: Option<usize>,
+    /// Where the model runs: cpu, cuda or cuda:N (CUDA needs a build with the `cuda` feature,
+    /// the engine's -cuda image).
+    #[arg(long = flag::DEVICE, env = "TIDEGATE_DEVICE", default_value = "cpu", value_parser = parse_device)]
+    pub device: DeviceChoice,
+    /// Which runner: packed (this crate's CPU kernels; CPU only, the CPU default) or candle
+    /// (candle tensors on the device; the CUDA default).
+    #[arg(long, env = "TIDEGATE_RUNNER", value_enum)]
+    pub runner: Option<RunnerChoice>,
     /// Format the weights are served in: as the file stores them, or converted at load.
     #[arg(long, env = "TIDEGATE_WEIGHTS", value_enum, default_value_t = WeightChoice::AsFile)]
     pub weights: WeightChoice,
@@ -208,6 +222,8 @@ fn load_engine(args: &ServeArgs, metrics: &Arc<Metrics>) -> anyhow::Result<Arc<d
     let Some(path) = args.model.as_deref() else {
         bail!("--model is required unless --fake-model is set");
     };
+    // Before loading anything: a device this build cannot use is an error at once.
+    let placement = Placement::resolve(args.device, args.runner)?;
     if let Some(threads) = args.threads {
         // Fails only if a pool was already built (tests); the existing one is kept.
         let _ = rayon::ThreadPoolBuilder::new()
@@ -221,17 +237,17 @@ fn load_engine(args: &ServeArgs, metrics: &Arc<Metrics>) -> anyhow::Result<Arc<d
             .map(|s| s.to_string_lossy().into_owned())
             .unwrap_or_else(|| "model".to_string())
     });
-    let plan = WeightsPlan::new(&files.weights, &files.config, args.weights)?;
     tracing::info!(
         model = %model_id,
         layers = files.config.num_hidden_layers,
-        weights = %plan.label(),
-        bytes_per_token = plan.bytes_per_token(),
+        device = %placement.device,
+        runner = %placement.runner,
         "model loaded"
     );
-    let kv = kv_pool_size(args, &files)?;
+    let kv = kv_pool_size(args, &files, placement)?;
     tracing::info!(blocks = kv.blocks, why = %kv.why, "KV pool sized");
-    let config = loop_config(args, model_id, kv.blocks);
+    let mut config = loop_config(args, model_id, kv.blocks);
+    config.placement = placement;
     let engine = LoopEngine::start(files, config, Arc::clone(metrics))?;
     Ok(engine)
 }
@@ -280,14 +296,28 @@ fn quantity_bytes(q: &Quantity) -> usize {
         .map_or(0, |b| usize::try_from(b).unwrap_or(usize::MAX))
 }
 
-/// The KV pool's block count: explicit, from the memory fraction, or the default.
-fn kv_pool_size(args: &ServeArgs, files: &ModelFiles) -> anyhow::Result<KvSize> {
+/// The KV pool's block count: explicit, from the memory fraction (of host memory, or of the
+/// GPU's on CUDA), or the default.
+fn kv_pool_size(args: &ServeArgs, files: &ModelFiles, at: Placement) -> anyhow::Result<KvSize> {
+    let bs = args.kv_block_tokens.max(1);
+    let dtype = candle_dtype(at.device);
+    let block_bytes = match at.runner {
+        RunnerChoice::Packed => PackedRunner::block_bytes_for(&files.config, bs),
+        RunnerChoice::Candle => CandleRunner::block_bytes_for(&files.config, bs, dtype),
+    };
     let request = KvRequest {
         explicit_blocks: args.kv_blocks,
         memory_fraction: args.kv_memory_fraction,
-        block_bytes: PackedRunner::block_bytes_for(&files.config, args.kv_block_tokens.max(1)),
+        block_bytes,
         host_offload_bytes: quantity_bytes(&args.kv_host_offload) as u64,
     };
+    if let Some((free, _total)) = device_memory(at.device)? {
+        // The weights go up after this; the embedding is counted once more (tied or not).
+        let cfg = &files.config;
+        let count = weight_count_for(cfg) + cfg.vocab_size * cfg.hidden_size;
+        let weights = (count * dtype.size_in_bytes()) as u64;
+        return Ok(size_device_kv_pool(&request, free, weights)?);
+    }
     let limit = args.memory_limit.as_ref().and_then(Quantity::to_bytes);
     Ok(size_kv_pool(&request, &read_memory_facts(limit))?)
 }

@@ -51,8 +51,8 @@ struct StepInputs {
 impl CandleRunner {
     /// Loads `files` onto `device` (bf16 on CUDA, f32 on the CPU) and allocates the pool.
     pub fn new(files: &ModelFiles, rc: RunnerConfig, device: DeviceChoice) -> Result<Self> {
+        let dtype = candle_dtype(device);
         let device = open_device(device)?;
-        let dtype = candle_dtype(&device);
         Self::with_dtype(&files.weights, &files.config, rc, &device, dtype)
     }
 
@@ -214,6 +214,15 @@ impl CandleRunner {
 fn rms_norm(x: &Tensor, w: &Tensor, eps: f64) -> Result<Tensor> {
     let ms = x.sqr()?.mean_keepdim(D::Minus1)?;
     Ok(x.broadcast_div(&(ms + eps)?.sqrt()?)?.broadcast_mul(w)?)
+}
+
+/// Weights multiplied per token: every projection and the LM head (embedding rows are read,
+/// not multiplied).
+pub fn weight_count_for(cfg: &LlamaConfig) -> usize {
+    let (h, i) = (cfg.hidden_size, cfg.intermediate_size);
+    let kvd = cfg.kv_heads() * cfg.head_dim();
+    let layer = h * (h + 2 * kvd) + h * h + 3 * i * h;
+    cfg.num_hidden_layers * layer + cfg.vocab_size * h
 }
 
 /// Half-split RoPE on `[T, heads, hd]` with per-row tables `[T, 1, hd]`.

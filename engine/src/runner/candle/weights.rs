@@ -47,17 +47,18 @@ impl DeviceModel {
         let vocab = cfg.vocab_size;
         let put =
             |t: Tensor, dt: DType| -> Result<Tensor> { Ok(t.to_dtype(dt)?.to_device(device)?) };
-        let embed_f32 = w.get("model.embed_tokens.weight", &[vocab, h])?;
+        let embed = put(w.get("model.embed_tokens.weight", &[vocab, h])?, dtype)?;
+        // Tied: one tensor on the device, shared (a clone shares the storage).
         let lm_head = if !cfg.tie_word_embeddings && w.contains("lm_head.weight") {
             put(w.get("lm_head.weight", &[vocab, h])?, dtype)?
         } else {
-            put(embed_f32.clone(), dtype)?
+            embed.clone()
         };
         let layers = (0..cfg.num_hidden_layers)
             .map(|i| load_layer(w, cfg, i, &|t| put(t, dtype), &|t| put(t, DType::F32)))
             .collect::<Result<Vec<_>>>()?;
         Ok(DeviceModel {
-            embed: put(embed_f32, dtype)?,
+            embed,
             layers,
             norm: put(w.get("model.norm.weight", &[h])?, DType::F32)?,
             lm_head,
