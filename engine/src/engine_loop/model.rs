@@ -76,7 +76,7 @@ impl LoopModel {
     /// The candle device runner on `device` (bf16 on CUDA, f32 on the CPU).
     pub fn candle(files: ModelFiles, device: DeviceChoice, weights: WeightChoice) -> Result<Self> {
         if !matches!(weights, WeightChoice::AsFile | WeightChoice::F32) {
-            return Err(Error::Config(format!(
+            return Err(Error::Placement(format!(
                 "--weights {weights:?} is a packed-runner format; the candle runner serves \
                  bf16 on CUDA and f32 on the CPU (use --weights as-file)"
             )));

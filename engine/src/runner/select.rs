@@ -83,12 +83,12 @@ impl Placement {
         });
         if let DeviceChoice::Cuda(_) = device {
             if runner == RunnerChoice::Packed {
-                return Err(Error::Config(format!(
+                return Err(Error::Placement(format!(
                     "--runner packed runs only on the CPU; use --runner candle with --device {device}"
                 )));
             }
             if !cfg!(feature = "cuda") {
-                return Err(Error::Config(format!(
+                return Err(Error::Placement(format!(
                     "--device {device}: this binary was built without CUDA support; use a build \
                      with the `cuda` cargo feature (the engine's -cuda image)"
                 )));
@@ -111,7 +111,7 @@ pub fn open_device(device: DeviceChoice) -> Result<Device> {
     match device {
         DeviceChoice::Cpu => Ok(Device::Cpu),
         DeviceChoice::Cuda(n) => Device::new_cuda(n).map_err(|e| {
-            Error::Config(format!(
+            Error::Placement(format!(
                 "--device cuda:{n}: cannot open the GPU ({e}); check that the device is visible \
                  to this container and that the NVIDIA driver supports the CUDA version this \
                  binary was built with"
@@ -146,13 +146,13 @@ fn cuda_memory(device: &Device) -> Result<(u64, u64)> {
         .cuda_stream()
         .context()
         .mem_get_info()
-        .map_err(|e| Error::Config(format!("querying the GPU's memory: {e}")))?;
+        .map_err(|e| Error::Placement(format!("querying the GPU's memory: {e}")))?;
     Ok((free as u64, total as u64))
 }
 
 #[cfg(not(feature = "cuda"))]
 fn cuda_memory(_: &Device) -> Result<(u64, u64)> {
-    Err(Error::Config(
+    Err(Error::Placement(
         "this binary was built without CUDA support (the `cuda` cargo feature)".into(),
     ))
 }
