@@ -449,6 +449,15 @@ async fn queue_full_gives_429_with_retry_after() {
         }));
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
+    // One runs, one waits: only then is the queue full (on a busy machine the requests may
+    // take longer than the sleeps to reach the engine).
+    for _ in 0..250 {
+        let m = h.metrics().await;
+        if m.contains("tidegate_engine_requests_waiting 1") {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
     let resp = h.post("/v1/completions", long.clone(), None).await;
     assert_eq!(resp.status(), 429);
     assert!(resp.headers().contains_key("retry-after"));
