@@ -3,9 +3,9 @@
 //! The server (crate::server) only ever talks to an [`Engine`]: it turns an OpenAI request
 //! into a [`GenerateRequest`] (prompt already tokenized, output limit already clamped to the
 //! tier's `maxOutputTokens`, tier named), calls [`Engine::submit`], and relays
-//! the [`TokenEvent`]s of the returned [`TokenStream`] to the client. Two implementations:
-//! the fake backend (crate::fake_engine, for tests and the local demo) and the real engine
-//! loop (one owner of scheduler + KV cache + model).
+//! the [`TokenEvent`]s of the returned [`TokenStream`] to the client. One implementation:
+//! the engine loop (one owner of scheduler + KV cache + model runner); tests and demos run it
+//! on the echo runner (`serve --fake-model`), so they exercise the real scheduler.
 //!
 //! Contract every implementation keeps:
 //! - `submit` resolves only once the request is *admitted* (scheduled for its first prefill

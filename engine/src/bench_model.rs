@@ -12,7 +12,7 @@ use rayon::prelude::*;
 
 use crate::error::Result;
 use crate::model::ModelFiles;
-use crate::runner::{Runner, RunnerConfig, SeqChunk};
+use crate::runner::{PackedRunner, RunnerConfig, SeqChunk};
 use crate::sampling::argmax;
 
 /// Command-line options.
@@ -127,7 +127,7 @@ pub struct DecodeSet {
 impl DecodeSet {
     /// Prefills `batch` synthetic prompts of `prompt_len` tokens.
     pub fn prefill(
-        runner: &mut Runner,
+        runner: &mut PackedRunner,
         batch: usize,
         prompt_len: usize,
         first_block: usize,
@@ -170,7 +170,7 @@ impl DecodeSet {
     }
 
     /// Runs `steps` batched greedy decode steps; returns each step's wall time in seconds.
-    pub fn decode(&mut self, runner: &mut Runner, steps: usize) -> Result<Vec<f64>> {
+    pub fn decode(&mut self, runner: &mut PackedRunner, steps: usize) -> Result<Vec<f64>> {
         let mut times = Vec::with_capacity(steps);
         for _ in 0..steps {
             let toks: Vec<[u32; 1]> = self.next.iter().map(|&t| [t]).collect();
@@ -201,7 +201,7 @@ fn median(mut v: Vec<f64>) -> f64 {
 
 /// Times a one-shot prefill of `history` tokens (recompute) against restoring the same
 /// blocks from host-RAM images (block byte I/O); returns (prefill s, restore s).
-pub fn recompute_vs_restore(runner: &mut Runner, history: usize) -> Result<(f64, f64)> {
+pub fn recompute_vs_restore(runner: &mut PackedRunner, history: usize) -> Result<(f64, f64)> {
     let bs = runner.block_size();
     let table: Vec<u32> = (0..history.div_ceil(bs) as u32).collect();
     let vocab = runner.config().vocab_size as u32;
@@ -255,7 +255,7 @@ pub fn run(args: &BenchArgs) -> Result<()> {
     let per_seq = (args.prompt_len + ROUNDS * args.steps + 1).div_ceil(block_size);
     let total_seqs: usize = args.batch.iter().sum();
     let history_blocks = args.history.div_ceil(block_size);
-    let mut runner = Runner::new(
+    let mut runner = PackedRunner::new(
         &files,
         RunnerConfig {
             block_size,

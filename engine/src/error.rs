@@ -38,6 +38,10 @@ pub enum Error {
     /// A tensor operation failed inside candle.
     #[error("tensor error: {0}")]
     Candle(#[from] candle_core::Error),
+    /// The device or runner asked for cannot run here (wrong pairing, a build without the
+    /// feature, a GPU that cannot be opened).
+    #[error("{0}")]
+    Placement(String),
     /// The caller passed an invalid batch (token out of range, block table too short, ...).
     #[error("invalid input: {0}")]
     InvalidInput(String),
@@ -54,6 +58,7 @@ impl Error {
             Error::Tokenizer(_) => "tokenizer",
             Error::Candle(_) => "tensor",
             Error::InvalidInput(_) => "invalid_input",
+            Error::Placement(_) => "placement",
         }
     }
 

@@ -1,18 +1,18 @@
-//! Single-sequence generation on a [`Runner`] for smoke tests and the `chat` command (the
-//! serving path is the engine loop, which batches many sequences). Uses blocks
+//! Single-sequence generation on any [`ModelRunner`] for smoke tests and the `chat` command
+//! (the serving path is the engine loop, which batches many sequences). Uses blocks
 //! `0..needed` of the runner's pool, so it must not share a runner with a live cache.
 
 use std::path::Path;
 
 use crate::error::{Error, Result};
 use crate::model::{ChatMessage, ModelFiles, chat_prompt};
-use crate::runner::{Runner, RunnerConfig, SeqChunk};
+use crate::runner::{ModelRunner, PackedRunner, RunnerConfig, SeqChunk};
 use crate::sampling::argmax;
 
 /// Greedily extends `prompt` by up to `max_tokens`, stopping after any id in `stop`.
 /// Returns the generated ids (the stop token included when hit).
 pub fn generate_greedy(
-    runner: &mut Runner,
+    runner: &mut dyn ModelRunner,
     prompt: &[u32],
     max_tokens: usize,
     stop: &[u32],
@@ -69,7 +69,7 @@ pub fn chat_once(model: &Path, question: &str, max_tokens: usize) -> Result<Stri
         block_size,
         num_blocks: (ids.len() + max_tokens).div_ceil(block_size),
     };
-    let mut runner = Runner::new(&files, rc)?;
+    let mut runner = PackedRunner::new(&files, rc)?;
     let out = generate_greedy(&mut runner, &ids, max_tokens, files.tokenizer.eos_ids())?;
     files.tokenizer.decode_text(&out)
 }

@@ -110,16 +110,50 @@ pub fn size_kv_pool(req: &KvRequest, facts: &MemoryFacts) -> Result<KvSize, KvSi
             (available.checked_sub(host), basis)
         }
     };
+    blocks_in(room, &basis, fraction, req.block_bytes)
+}
+
+/// Sizes a pool that lives in a GPU's memory: with `--kv-memory-fraction F`, `F × (free
+/// device memory before loading − the weights' bytes)`; the host offload tier lives in host
+/// RAM and takes nothing here. An explicit count or no fraction behave as in
+/// [`size_kv_pool`].
+pub fn size_device_kv_pool(
+    req: &KvRequest,
+    free: u64,
+    weight_bytes: u64,
+) -> Result<KvSize, KvSizingError> {
+    let Some(fraction) = req
+        .memory_fraction
+        .filter(|_| req.explicit_blocks.is_none())
+    else {
+        return size_kv_pool(req, &MemoryFacts::default());
+    };
+    let basis = format!("GPU free {} − weights {}", Mib(free), Mib(weight_bytes));
+    blocks_in(
+        free.checked_sub(weight_bytes),
+        &basis,
+        fraction,
+        req.block_bytes,
+    )
+}
+
+/// `fraction × room` in whole blocks, or why there is no room for one.
+fn blocks_in(
+    room: Option<u64>,
+    basis: &str,
+    fraction: f64,
+    block_bytes: usize,
+) -> Result<KvSize, KvSizingError> {
     let room = room
         .filter(|r| *r > 0)
         .ok_or_else(|| KvSizingError(format!("{basis} leaves nothing for the KV pool")))?;
     let bytes = (room as f64 * fraction) as u64;
-    let blocks = usize::try_from(bytes / req.block_bytes.max(1) as u64).unwrap_or(usize::MAX);
+    let blocks = usize::try_from(bytes / block_bytes.max(1) as u64).unwrap_or(usize::MAX);
     if blocks == 0 {
         return Err(KvSizingError(format!(
             "{fraction} × ({basis}) = {} holds no block of {} bytes",
             Mib(bytes),
-            req.block_bytes
+            block_bytes
         )));
     }
     Ok(KvSize {
@@ -127,7 +161,7 @@ pub fn size_kv_pool(req: &KvRequest, facts: &MemoryFacts) -> Result<KvSize, KvSi
         why: format!(
             "--kv-memory-fraction {fraction} × ({basis}) = {} in blocks of {} bytes",
             Mib(bytes),
-            req.block_bytes
+            block_bytes
         ),
     })
 }
@@ -239,5 +273,17 @@ mod tests {
     #[test]
     fn this_process_has_a_resident_size() {
         assert!(read_memory_facts(None).resident > 0);
+    }
+
+    #[test]
+    fn a_gpu_pool_is_sized_from_device_memory_after_the_weights() {
+        let r = req(None, Some(0.5), 512 * MIB);
+        // 0.5 × (1000 − 200) MiB = 400 blocks of 1 MiB; the host tier is not on the device.
+        let s = size_device_kv_pool(&r, 1000 * MIB, 200 * MIB).expect("size");
+        assert_eq!(s.blocks, 400, "{}", s.why);
+        assert!(s.why.contains("GPU free"), "{}", s.why);
+        assert!(size_device_kv_pool(&r, 100 * MIB, 200 * MIB).is_err());
+        let explicit = size_device_kv_pool(&req(Some(7), Some(0.5), 0), 0, 0).expect("size");
+        assert_eq!(explicit.blocks, 7);
     }
 }

@@ -7,7 +7,6 @@ pub mod bench_model;
 pub mod block_io;
 pub mod engine_loop;
 pub mod error;
-pub mod fake_engine;
 pub mod generate;
 pub mod kernels;
 pub mod kv_cache;

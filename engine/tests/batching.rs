@@ -8,7 +8,7 @@
 mod common;
 
 use tidegate_engine::model::Llama;
-use tidegate_engine::runner::{Runner, RunnerConfig, SeqChunk, WeightChoice};
+use tidegate_engine::runner::{PackedRunner, RunnerConfig, SeqChunk, WeightChoice};
 use tidegate_engine::sampling::argmax;
 
 const TOL: f32 = 1e-4;
@@ -25,7 +25,12 @@ fn prompts() -> Vec<Vec<u32>> {
 }
 
 /// Prefill then greedy-decode `steps` tokens; returns every logits vector produced.
-fn run_alone(runner: &mut Runner, prompt: &[u32], table: &[u32], steps: usize) -> Vec<Vec<f32>> {
+fn run_alone(
+    runner: &mut PackedRunner,
+    prompt: &[u32],
+    table: &[u32],
+    steps: usize,
+) -> Vec<Vec<f32>> {
     let mut all = Vec::new();
     let mut next = prompt.to_vec();
     let mut pos = 0;
@@ -73,12 +78,12 @@ fn batched_equals_sequential(weights: WeightChoice) {
         .iter()
         .zip(&tables)
         .map(|(p, t)| {
-            let mut r = Runner::with_weights(&files, rc, weights).unwrap();
+            let mut r = PackedRunner::with_weights(&files, rc, weights).unwrap();
             run_alone(&mut r, p, t, steps)
         })
         .collect();
 
-    let mut runner = Runner::with_weights(&files, rc, weights).unwrap();
+    let mut runner = PackedRunner::with_weights(&files, rc, weights).unwrap();
     let mut next: Vec<Vec<u32>> = ps.clone();
     let mut pos = vec![0usize; ps.len()];
     for step in 0..=steps {
@@ -116,7 +121,7 @@ fn paged_attention_equals_dense_attention() {
             block_size,
             num_blocks: 40,
         };
-        let mut runner = Runner::new(&files, rc).unwrap();
+        let mut runner = PackedRunner::new(&files, rc).unwrap();
         // Blocks in reverse order, so logical and physical order differ.
         let table: Vec<u32> = (0..tokens.len().div_ceil(block_size) as u32)
             .rev()
@@ -150,7 +155,7 @@ fn paged_attention_is_layout_independent_with_quantized_weights() {
                 block_size,
                 num_blocks: 40,
             };
-            let mut runner = Runner::with_weights(&files, rc, weights).unwrap();
+            let mut runner = PackedRunner::with_weights(&files, rc, weights).unwrap();
             let mut table: Vec<u32> = (0..tokens.len().div_ceil(block_size) as u32).collect();
             if reverse {
                 table.reverse();
@@ -192,9 +197,14 @@ fn chunked_prefill_equals_one_shot_prefill() {
     };
     let prompt = &prompts()[3];
     let table: Vec<u32> = vec![9, 3, 12, 0, 5, 7];
-    let one_shot = run_alone(&mut Runner::new(&files, rc).unwrap(), prompt, &table, 3);
+    let one_shot = run_alone(
+        &mut PackedRunner::new(&files, rc).unwrap(),
+        prompt,
+        &table,
+        3,
+    );
 
-    let mut runner = Runner::new(&files, rc).unwrap();
+    let mut runner = PackedRunner::new(&files, rc).unwrap();
     let mut pos = 0;
     let mut last = None;
     for chunk in [&prompt[..5], &prompt[5..9], &prompt[9..10], &prompt[10..]] {
@@ -243,10 +253,10 @@ fn mixed_prefill_and_decode_in_one_step() {
     let ps = prompts();
     let ta: Vec<u32> = (0..6).collect();
     let tb: Vec<u32> = (6..12).collect();
-    let a_alone = run_alone(&mut Runner::new(&files, rc).unwrap(), &ps[0], &ta, 1);
-    let b_alone = run_alone(&mut Runner::new(&files, rc).unwrap(), &ps[1], &tb, 0);
+    let a_alone = run_alone(&mut PackedRunner::new(&files, rc).unwrap(), &ps[0], &ta, 1);
+    let b_alone = run_alone(&mut PackedRunner::new(&files, rc).unwrap(), &ps[1], &tb, 0);
 
-    let mut runner = Runner::new(&files, rc).unwrap();
+    let mut runner = PackedRunner::new(&files, rc).unwrap();
     let out = runner
         .step(&[SeqChunk {
             tokens: &ps[0],
@@ -284,7 +294,7 @@ fn bad_batches_are_refused() {
         block_size: 4,
         num_blocks: 4,
     };
-    let mut runner = Runner::new(&files, rc).unwrap();
+    let mut runner = PackedRunner::new(&files, rc).unwrap();
     let short = [0u32];
     let toks = [1u32, 2, 3, 4, 5];
     let too_long = SeqChunk {
@@ -322,9 +332,14 @@ fn offloaded_blocks_restore_exactly() {
     };
     let prompt = &prompts()[1];
     let table: Vec<u32> = vec![6, 1, 3, 0];
-    let want = run_alone(&mut Runner::new(&files, rc).unwrap(), prompt, &table, 2);
+    let want = run_alone(
+        &mut PackedRunner::new(&files, rc).unwrap(),
+        prompt,
+        &table,
+        2,
+    );
 
-    let mut runner = Runner::new(&files, rc).unwrap();
+    let mut runner = PackedRunner::new(&files, rc).unwrap();
     let out = runner
         .step(&[SeqChunk {
             tokens: prompt,
@@ -387,9 +402,14 @@ fn shared_prefix_blocks_are_reused_and_copy_on_write_works() {
     let shared: Vec<u32> = vec![1, 40, 41, 300, 12, 77, 78, 79];
     let a: Vec<u32> = shared.iter().copied().chain([5, 6, 7]).collect();
     let b: Vec<u32> = shared.iter().copied().chain([200, 201]).collect();
-    let b_alone = run_alone(&mut Runner::new(&files, rc).unwrap(), &b, &[0, 1, 2], 0);
+    let b_alone = run_alone(
+        &mut PackedRunner::new(&files, rc).unwrap(),
+        &b,
+        &[0, 1, 2],
+        0,
+    );
 
-    let mut runner = Runner::new(&files, rc).unwrap();
+    let mut runner = PackedRunner::new(&files, rc).unwrap();
     let ta: Vec<u32> = vec![3, 4, 5];
     runner
         .step(&[SeqChunk {

@@ -1,7 +1,8 @@
 //! The HTTP server in front of the real engine loop (scheduler + paged KV cache + runner) on
 //! the seed-42 random model: exact output lengths, streaming, batched = one-by-one greedy
 //! text, cancellation freeing blocks, session KV reuse, and (when fetched) SmolLM2 answering
-//! a factual question through the chat API.
+//! a factual question through the chat API. The one test about timing (a pushed queue-wait
+//! target) runs the same loop on the echo runner with a fixed step time instead.
 
 // Test helpers outside #[test] functions: unwrap is the point here.
 #![allow(clippy::unwrap_used)]
@@ -14,9 +15,12 @@ use std::time::Duration;
 
 use serde_json::{Value, json};
 use tidegate_api::engine_admin::EnginePolicy;
-use tidegate_engine::engine_loop::LoopConfig;
+use tidegate_engine::backend::Engine;
+use tidegate_engine::engine_loop::{LoopConfig, LoopEngine};
 use tidegate_engine::metrics::Metrics;
 use tidegate_engine::model::ModelFiles;
+use tidegate_engine::runner::echo::EchoConfig;
+use tidegate_engine::runner::{DeviceChoice, Placement, RunnerChoice};
 use tidegate_engine::server::{self, AdminAuth, RunningServer, ServerConfig};
 use tokio::net::TcpListener;
 
@@ -48,9 +52,32 @@ async fn start_with(model: &Path, config: LoopConfig, admin: bool) -> Harness {
     let metrics = Metrics::new();
     let files = ModelFiles::load(model).unwrap();
     let engine = common::ready_loop_engine(files, config, metrics.clone()).await;
-    let api = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    serve(engine, metrics, admin)
+}
+
+/// The same loop on the echo runner with a fixed step time, for tests about timing: how long
+/// a request runs then depends on its length, not on how fast (or busy) the machine is.
+async fn start_echo(config: LoopConfig, step: Duration, admin: bool) -> Harness {
+    let metrics = Metrics::new();
+    let echo = EchoConfig {
+        step_time: step,
+        ..EchoConfig::default()
+    };
+    let engine = LoopEngine::start_echo(echo, config, metrics.clone()).unwrap();
+    while !engine.is_ready() {
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    serve(engine, metrics, admin)
+}
+
+fn serve(engine: Arc<dyn Engine>, metrics: Arc<Metrics>, admin: bool) -> Harness {
+    let api = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    api.set_nonblocking(true).unwrap();
+    let api = TcpListener::from_std(api).unwrap();
     let (admin_listener, auth) = if admin {
-        let l = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        l.set_nonblocking(true).unwrap();
+        let l = TcpListener::from_std(l).unwrap();
         (Some(l), AdminAuth::Token(ADMIN_TOKEN.into()))
     } else {
         (None, AdminAuth::Disabled)
@@ -191,7 +218,24 @@ async fn streaming_yields_tokens_then_done() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn concurrent_greedy_requests_match_one_by_one() {
-    let h = Arc::new(random_harness().await);
+    concurrent_match_one_by_one(Placement::cpu_packed()).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn concurrent_greedy_requests_match_one_by_one_on_the_candle_runner() {
+    concurrent_match_one_by_one(candle_cpu()).await;
+}
+
+fn candle_cpu() -> Placement {
+    Placement::resolve(DeviceChoice::Cpu, Some(RunnerChoice::Candle)).unwrap()
+}
+
+async fn concurrent_match_one_by_one(placement: Placement) {
+    let config = LoopConfig {
+        placement,
+        ..loop_config(256)
+    };
+    let h = Arc::new(start_with(&common::random_model_dir(), config, false).await);
     let prompts = [
         "one fish",
         "two fish, red fish",
@@ -330,7 +374,9 @@ async fn pushed_queue_wait_target_applies_to_queued_requests() {
         max_batch_seqs: 1,
         ..loop_config(256)
     };
-    let h = Arc::new(start_with(&common::random_model_dir(), config, true).await);
+    // 2 ms steps: the three 1,000-token blockers hold the slot for seconds on any machine
+    // (on the random model they could all finish within the test's 600 ms wait).
+    let h = Arc::new(start_echo(config, Duration::from_millis(2), true).await);
     h.push_policy(&two_tier_policy("300ms")).await;
     // One slot: gold requests hold it (and queue) while a batch request waits behind them.
     let mut blockers = Vec::new();
@@ -387,10 +433,23 @@ async fn pushed_queue_wait_target_applies_to_queued_requests() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn smollm2_says_paris_over_http() {
+    smollm2_paris(Placement::cpu_packed()).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn smollm2_says_paris_over_http_on_the_candle_runner() {
+    smollm2_paris(candle_cpu()).await;
+}
+
+async fn smollm2_paris(placement: Placement) {
     let Some(path) = common::smollm2_path() else {
         return;
     };
-    let h = start(&path, 512).await;
+    let config = LoopConfig {
+        placement,
+        ..loop_config(512)
+    };
+    let h = start_with(&path, config, false).await;
     let body = json!({
         "messages": [{"role": "user", "content": "What is the capital of France?"}],
         "max_tokens": 24,

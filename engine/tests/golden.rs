@@ -8,7 +8,7 @@ mod common;
 use candle_core::Tensor;
 use serde::Deserialize;
 use tidegate_engine::model::Llama;
-use tidegate_engine::runner::{Runner, RunnerConfig, SeqChunk};
+use tidegate_engine::runner::{PackedRunner, RunnerConfig, SeqChunk};
 
 #[derive(Deserialize)]
 struct Golden {
@@ -54,7 +54,7 @@ fn runner_decode_and_prefill_match_golden_logits() {
             num_blocks: 8,
         };
         // Token by token: every position's logits.
-        let mut runner = Runner::new(&files, rc).unwrap();
+        let mut runner = PackedRunner::new(&files, rc).unwrap();
         let table: Vec<u32> = vec![5, 2, 7, 0, 1, 3, 4, 6];
         for (p, tok) in case.tokens.iter().enumerate() {
             let out = runner
@@ -69,7 +69,7 @@ fn runner_decode_and_prefill_match_golden_logits() {
             common::assert_close(got, &case.logits[p], TOL, &format!("decode position {p}"));
         }
         // One-shot prefill: last position.
-        let mut runner = Runner::new(&files, rc).unwrap();
+        let mut runner = PackedRunner::new(&files, rc).unwrap();
         let out = runner
             .step(&[SeqChunk {
                 tokens: &case.tokens,

@@ -4,6 +4,9 @@
 //! recomputed by prefill instead, gives the same greedy answer, and the recompute and the
 //! restore-failure counters both rise.
 //!
+//! The disk round trip and one damaged case also run on the candle device runner, whose
+//! block images come from its device-resident pool.
+//!
 //! The pool is five 16-token blocks with no host tier: session A (3 blocks) is offloaded to
 //! disk when session B (4 blocks) needs room, and B is offloaded in turn when A returns.
 
@@ -19,6 +22,7 @@ use serde_json::{Value, json};
 use tidegate_engine::engine_loop::LoopConfig;
 use tidegate_engine::metrics::Metrics;
 use tidegate_engine::model::ModelFiles;
+use tidegate_engine::runner::{DeviceChoice, Placement, RunnerChoice};
 use tidegate_engine::server::{self, RunningServer, ServerConfig};
 use tokio::net::TcpListener;
 
@@ -29,7 +33,7 @@ struct Harness {
     _server: RunningServer,
 }
 
-async fn start() -> Harness {
+async fn start(placement: Placement) -> Harness {
     let spill = tempfile::tempdir().unwrap();
     let metrics = Metrics::new();
     let files = ModelFiles::load(&common::random_model_dir()).unwrap();
@@ -41,6 +45,7 @@ async fn start() -> Harness {
         kv_disk_bytes: 1 << 24,
         kv_disk_dir: Some(spill.path().to_path_buf()),
         max_batch_tokens: 256,
+        placement,
         ..LoopConfig::default()
     };
     let engine = common::ready_loop_engine(files, config, metrics.clone()).await;
@@ -155,7 +160,11 @@ fn damage(path: &Path, how: Damage) {
 /// The two answers session A gets (first visit, return after its KV went to disk and had
 /// `how` done to it) and the metrics after the return.
 async fn serve_offload_return(how: Damage) -> (Value, Value, String) {
-    let h = start().await;
+    serve_offload_return_on(how, Placement::cpu_packed()).await
+}
+
+async fn serve_offload_return_on(how: Damage, placement: Placement) -> (Value, Value, String) {
+    let h = start(placement).await;
     let prompt_a: Vec<u32> = (10..50).collect();
     let prompt_b: Vec<u32> = (100..160).collect();
     let first = h.complete(session_request("a", &prompt_a)).await;
@@ -193,6 +202,26 @@ async fn intact_spill_file_is_restored_from_disk() {
     assert_eq!(metric(&m, DISK), 1.0, "{m}");
     assert_eq!(metric(&m, RECOMPUTE), 0.0, "{m}");
     assert_eq!(metric(&m, FAILED_DISK), 0.0, "{m}");
+}
+
+fn candle_cpu() -> Placement {
+    Placement::resolve(DeviceChoice::Cpu, Some(RunnerChoice::Candle)).unwrap()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn intact_spill_file_is_restored_from_disk_on_the_candle_runner() {
+    let (first, again, m) = serve_offload_return_on(Damage::None, candle_cpu()).await;
+    assert_eq!(text(&first), text(&again), "{first}\n{again}");
+    assert_eq!(metric(&m, DISK), 1.0, "{m}");
+    assert_eq!(metric(&m, RECOMPUTE), 0.0, "{m}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn corrupted_spill_file_is_recomputed_on_the_candle_runner() {
+    let (first, again, m) = serve_offload_return_on(Damage::Corrupt, candle_cpu()).await;
+    assert_eq!(text(&first), text(&again), "{first}\n{again}");
+    assert_eq!(metric(&m, RECOMPUTE), 1.0, "{m}");
+    assert_eq!(metric(&m, FAILED_DISK), 1.0, "{m}");
 }
 
 async fn damaged_spill_file_is_recomputed(how: Damage) {

@@ -1,5 +1,6 @@
-//! The real binary: `serve --fake-model` refuses to start without an admin token, and a
-//! drain through the admin API ends the process with exit code 0.
+//! The real binary: `serve --fake-model` refuses to start without an admin token, a device
+//! this build cannot use is refused at once, and a drain through the admin API ends the
+//! process with exit code 0.
 
 // Test helpers outside #[test] functions: unwrap is the point here.
 #![allow(clippy::unwrap_used)]
@@ -29,6 +30,29 @@ fn refuses_to_start_without_admin_token() {
     assert!(!out.status.success());
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(err.contains("admin API needs a token"), "{err}");
+}
+
+#[test]
+fn refuses_a_device_or_runner_it_cannot_use_before_loading_anything() {
+    let serve = |extra: &[&str]| {
+        let out = Command::new(BIN)
+            .args(["serve", "--model", "/no/such/model", "--admin-disabled"])
+            .args(["--listen", "127.0.0.1:0"])
+            .args(extra)
+            .output()
+            .unwrap();
+        assert!(!out.status.success(), "{extra:?}");
+        String::from_utf8_lossy(&out.stderr).into_owned()
+    };
+    let err = serve(&["--device", "cuda", "--runner", "packed"]);
+    assert!(err.contains("packed runs only on the CPU"), "{err}");
+    if !cfg!(feature = "cuda") {
+        let err = serve(&["--device", "cuda"]);
+        assert!(err.contains("without CUDA support"), "{err}");
+        assert!(err.contains("`cuda` cargo feature"), "{err}");
+    }
+    let err = serve(&["--device", "tpu"]);
+    assert!(err.contains("expected cpu, cuda or cuda:N"), "{err}");
 }
 
 #[tokio::test]

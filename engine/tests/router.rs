@@ -12,10 +12,12 @@ use std::time::{Duration, Instant};
 use serde_json::{Value, json};
 use tidegate_api::engine_admin::{AdmissionPush, AdmissionState, EnginePolicy};
 use tidegate_api::router::{ENDPOINTS_PATH, RouterEndpoint, RouterEndpoints, header};
-use tidegate_engine::fake_engine::{FakeConfig, FakeEngine};
+use tidegate_engine::backend::Engine;
+use tidegate_engine::engine_loop::{LoopConfig, LoopEngine};
 use tidegate_engine::metrics::Metrics;
 use tidegate_engine::router::dispatch::DispatchConfig;
 use tidegate_engine::router::{self, RouterConfig, RunningRouter};
+use tidegate_engine::runner::echo::EchoConfig;
 use tidegate_engine::server::{self, AdminAuth, RunningServer, ServerConfig};
 use tokio::net::TcpListener;
 
@@ -23,23 +25,32 @@ mod bad_requests;
 
 const TOKEN: &str = "pool-secret";
 
-struct Engine {
+struct EngineServer {
     url: String,
     admin: String,
     server: RunningServer,
 }
 
-async fn engine(token_delay_ms: u64) -> Engine {
-    engine_with(FakeConfig {
-        token_delay: Duration::from_millis(token_delay_ms),
-        ..FakeConfig::default()
+async fn engine(step_ms: u64) -> EngineServer {
+    engine_with(EchoConfig {
+        step_time: Duration::from_millis(step_ms),
+        ..EchoConfig::default()
     })
     .await
 }
 
-async fn engine_with(fake: FakeConfig) -> Engine {
+/// A real engine (the engine loop on the echo runner) behind its HTTP server.
+async fn engine_with(echo: EchoConfig) -> EngineServer {
     let metrics = Metrics::new();
-    let backend = FakeEngine::start(fake, metrics.clone());
+    let config = LoopConfig {
+        model_id: "fake".into(),
+        kv_blocks: 4096,
+        ..LoopConfig::default()
+    };
+    let backend = LoopEngine::start_echo(echo, config, metrics.clone()).unwrap();
+    while !backend.is_ready() {
+        tokio::time::sleep(Duration::from_millis(2)).await;
+    }
     let api = TcpListener::bind("127.0.0.1:0").await.unwrap();
     let admin = TcpListener::bind("127.0.0.1:0").await.unwrap();
     let config = ServerConfig {
@@ -49,14 +60,14 @@ async fn engine_with(fake: FakeConfig) -> Engine {
         ..ServerConfig::default()
     };
     let server = server::start(config, api, Some(admin), backend, metrics).unwrap();
-    Engine {
+    EngineServer {
         url: format!("http://{}", server.api_addr),
         admin: format!("http://{}", server.admin_addr.unwrap()),
         server,
     }
 }
 
-fn endpoint(e: &Engine) -> RouterEndpoint {
+fn endpoint(e: &EngineServer) -> RouterEndpoint {
     RouterEndpoint {
         name: e.url.trim_start_matches("http://").to_string(),
         url: e.url.clone(),
@@ -82,11 +93,15 @@ struct Router {
     http: reqwest::Client,
 }
 
-async fn start_router(engines: &[&Engine], policy: EnginePolicy) -> Router {
+async fn start_router(engines: &[&EngineServer], policy: EnginePolicy) -> Router {
     start_router_with(engines, policy, 1 << 20).await
 }
 
-async fn start_router_with(engines: &[&Engine], policy: EnginePolicy, max_body: usize) -> Router {
+async fn start_router_with(
+    engines: &[&EngineServer],
+    policy: EnginePolicy,
+    max_body: usize,
+) -> Router {
     let api = TcpListener::bind("127.0.0.1:0").await.unwrap();
     let admin = TcpListener::bind("127.0.0.1:0").await.unwrap();
     let config = RouterConfig {
@@ -387,9 +402,9 @@ async fn a_stopped_engine_gets_no_new_request_within_a_second() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_engines_bad_request_corpus_gets_the_same_answers_through_the_router() {
-    let a = engine_with(FakeConfig {
-        context_length: bad_requests::CONTEXT_TOKENS,
-        ..FakeConfig::default()
+    let a = engine_with(EchoConfig {
+        context_length: bad_requests::CONTEXT_TOKENS as usize,
+        ..EchoConfig::default()
     })
     .await;
     let r = start_router_with(&[&a], gateway_policy(), bad_requests::MAX_BODY_BYTES).await;

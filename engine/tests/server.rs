@@ -1,6 +1,7 @@
-//! The HTTP server over real sockets, in front of the fake backend: OpenAI shapes, SSE,
-//! tenants and admission, rate limits, admin auth, drain, cancellation, and a corpus of
-//! bad requests that must never produce a 5xx.
+//! The HTTP server over real sockets, in front of the real engine loop on the echo runner
+//! (what `serve --fake-model` runs): OpenAI shapes, SSE, tenants and admission, rate limits,
+//! admin auth, drain, cancellation, and a corpus of bad requests that must never produce a
+//! 5xx.
 
 // Test helpers outside #[test] functions: unwrap is the point here.
 #![allow(clippy::unwrap_used)]
@@ -8,9 +9,13 @@
 use std::time::Duration;
 
 use serde_json::{Value, json};
+use std::sync::Arc;
 use tidegate_api::engine_admin::{AdmissionPush, AdmissionState, ApiKeyEntry, EnginePolicy};
-use tidegate_engine::fake_engine::{FakeConfig, FakeEngine};
+
+use tidegate_engine::backend::Engine;
+use tidegate_engine::engine_loop::{LoopConfig, LoopEngine};
 use tidegate_engine::metrics::Metrics;
+use tidegate_engine::runner::echo::EchoConfig;
 use tidegate_engine::server::{self, AdminAuth, RunningServer, ServerConfig};
 use tidegate_engine::tenancy::sha256_hex;
 use tokio::net::TcpListener;
@@ -26,9 +31,54 @@ struct Harness {
     server: Option<RunningServer>,
 }
 
-async fn start(fake: FakeConfig, config: ServerConfig) -> Harness {
+/// The knobs these tests turn: the loop's batch and queue bounds, the echo runner's timing.
+struct Fake {
+    max_running: usize,
+    max_waiting: usize,
+    token_delay: Duration,
+    context_length: usize,
+    load_delay: Duration,
+}
+
+impl Default for Fake {
+    fn default() -> Self {
+        Fake {
+            max_running: 16,
+            max_waiting: 64,
+            token_delay: Duration::from_millis(5),
+            context_length: 4096,
+            load_delay: Duration::ZERO,
+        }
+    }
+}
+
+impl Fake {
+    /// The echo-runner engine; waits until it is ready unless loading is being tested.
+    async fn engine(self, metrics: Arc<Metrics>) -> Arc<dyn Engine> {
+        let echo = EchoConfig {
+            step_time: self.token_delay,
+            context_length: self.context_length,
+            load_delay: self.load_delay,
+        };
+        let config = LoopConfig {
+            model_id: "fake".into(),
+            kv_blocks: 4096,
+            max_batch_seqs: self.max_running,
+            max_waiting: self.max_waiting,
+            ..LoopConfig::default()
+        };
+        let wait = self.load_delay.is_zero();
+        let engine = LoopEngine::start_echo(echo, config, metrics).unwrap();
+        while wait && !engine.is_ready() {
+            tokio::time::sleep(Duration::from_millis(2)).await;
+        }
+        engine
+    }
+}
+
+async fn start(fake: Fake, config: ServerConfig) -> Harness {
     let metrics = Metrics::new();
-    let engine = FakeEngine::start(fake, metrics.clone());
+    let engine = fake.engine(metrics.clone()).await;
     let api = TcpListener::bind("127.0.0.1:0").await.unwrap();
     let admin = TcpListener::bind("127.0.0.1:0").await.unwrap();
     let config = ServerConfig {
@@ -45,7 +95,7 @@ async fn start(fake: FakeConfig, config: ServerConfig) -> Harness {
 }
 
 async fn default_harness() -> Harness {
-    start(FakeConfig::default(), ServerConfig::default()).await
+    start(Fake::default(), ServerConfig::default()).await
 }
 
 impl Harness {
@@ -133,7 +183,8 @@ async fn chat_and_completions_non_streaming() {
     assert_eq!(v["object"], "chat.completion");
     assert_eq!(v["choices"][0]["message"]["content"], "hello tide");
     assert_eq!(v["choices"][0]["finish_reason"], "stop");
-    assert_eq!(v["usage"]["completion_tokens"], 10);
+    // The echo's ten tokens and the end-of-turn token it stopped at.
+    assert_eq!(v["usage"]["completion_tokens"], 11);
 
     let body = json!({"prompt": "abc", "max_tokens": 5, "ignore_eos": true});
     let v: Value = h
@@ -142,7 +193,8 @@ async fn chat_and_completions_non_streaming() {
         .json()
         .await
         .unwrap();
-    assert_eq!(v["choices"][0]["text"], "abcab");
+    // ignore_eos: the echo's end-of-turn token is generated (no text) and it starts over.
+    assert_eq!(v["choices"][0]["text"], "abca");
     assert_eq!(v["choices"][0]["finish_reason"], "length");
     assert_eq!(v["usage"]["total_tokens"], 8);
 
@@ -207,7 +259,7 @@ async fn sse_stream_format_ends_with_done() {
     assert_eq!(finish["choices"][0]["finish_reason"], "stop");
     let usage = chunks.last().unwrap();
     assert_eq!(usage["choices"].as_array().unwrap().len(), 0);
-    assert_eq!(usage["usage"]["completion_tokens"], 9);
+    assert_eq!(usage["usage"]["completion_tokens"], 10);
 
     // Completions stream without usage.
     let body = json!({"prompt": "xy", "stream": true, "max_tokens": 3, "ignore_eos": true});
@@ -218,7 +270,8 @@ async fn sse_stream_format_ends_with_done() {
         .map(|d| serde_json::from_str::<Value>(d).unwrap())
         .filter_map(|c| c["choices"][0]["text"].as_str().map(String::from))
         .collect();
-    assert_eq!(text, "xyx");
+    // "xy" repeated once is two periods: the third token is the end-of-turn token.
+    assert_eq!(text, "xy");
 
     let metrics = h.metrics().await;
     for name in [
@@ -380,11 +433,11 @@ async fn rate_limit_gives_429_with_retry_after() {
 
 #[tokio::test]
 async fn queue_full_gives_429_with_retry_after() {
-    let fake = FakeConfig {
+    let fake = Fake {
         max_running: 1,
         max_waiting: 1,
         token_delay: Duration::from_millis(10),
-        ..FakeConfig::default()
+        ..Fake::default()
     };
     let h = start(fake, ServerConfig::default()).await;
     let long = json!({"prompt": "a", "max_tokens": 300, "ignore_eos": true});
@@ -397,6 +450,15 @@ async fn queue_full_gives_429_with_retry_after() {
             c.post(url).body(body).send().await.unwrap().status()
         }));
         tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    // One runs, one waits: only then is the queue full (on a busy machine the requests may
+    // take longer than the sleeps to reach the engine).
+    for _ in 0..250 {
+        let m = h.metrics().await;
+        if m.contains("tidegate_engine_requests_waiting 1") {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
     }
     let resp = h.post("/v1/completions", long.clone(), None).await;
     assert_eq!(resp.status(), 429);
@@ -462,7 +524,7 @@ async fn admin_requires_the_token() {
     let api = TcpListener::bind("127.0.0.1:0").await.unwrap();
     let admin = TcpListener::bind("127.0.0.1:0").await.unwrap();
     let metrics = Metrics::new();
-    let engine = FakeEngine::start(FakeConfig::default(), metrics.clone());
+    let engine = Fake::default().engine(metrics.clone()).await;
     let config = ServerConfig {
         admin: AdminAuth::Token("  ".into()),
         ..ServerConfig::default()
@@ -475,12 +537,13 @@ async fn admin_requires_the_token() {
 
 #[tokio::test]
 async fn drain_finishes_in_flight_refuses_new_and_stops() {
-    let fake = FakeConfig {
+    let fake = Fake {
         token_delay: Duration::from_millis(10),
-        ..FakeConfig::default()
+        ..Fake::default()
     };
     let mut h = start(fake, ServerConfig::default()).await;
-    let body = json!({"prompt": "drain", "max_tokens": 100, "ignore_eos": true, "stream": true});
+    let body = json!({"prompt": "drain", "max_tokens": 100, "ignore_eos": true, "stream": true,
+                      "stream_options": {"include_usage": true}});
     let mut stream = h.post("/v1/completions", body, None).await;
     assert_eq!(stream.status(), 200);
     let first = stream.chunk().await.unwrap().unwrap();
@@ -510,14 +573,13 @@ async fn drain_finishes_in_flight_refuses_new_and_stops() {
         rest.push_str(std::str::from_utf8(&chunk).unwrap());
     }
     assert!(rest.trim_end().ends_with("data: [DONE]"), "{rest}");
-    let text: String = rest
+    let generated = rest
         .split("\n\n")
         .filter_map(|e| e.strip_prefix("data: "))
         .filter(|d| *d != "[DONE]")
         .filter_map(|d| serde_json::from_str::<Value>(d).ok())
-        .filter_map(|c| c["choices"][0]["text"].as_str().map(String::from))
-        .collect();
-    assert_eq!(text.chars().count(), 100, "the in-flight stream completed");
+        .find_map(|c| c["usage"]["completion_tokens"].as_u64());
+    assert_eq!(generated, Some(100), "the in-flight stream completed");
 
     h.stopped().await;
 }
@@ -554,9 +616,9 @@ async fn a_connection_accepted_before_the_drain_completes_still_gets_an_answer()
 
 #[tokio::test]
 async fn vanished_client_frees_engine_resources() {
-    let fake = FakeConfig {
+    let fake = Fake {
         token_delay: Duration::from_millis(5),
-        ..FakeConfig::default()
+        ..Fake::default()
     };
     let h = start(fake, ServerConfig::default()).await;
     let body = json!({"prompt": "gone", "max_tokens": 2000, "ignore_eos": true, "stream": true});
@@ -586,9 +648,9 @@ async fn bad_request_corpus_never_5xx() {
         max_body_bytes: 64 * 1024,
         ..ServerConfig::default()
     };
-    let fake = FakeConfig {
+    let fake = Fake {
         context_length: 256,
-        ..FakeConfig::default()
+        ..Fake::default()
     };
     let h = start(fake, config).await;
     let chat_path = bad_requests::CHAT;
@@ -637,11 +699,11 @@ async fn bad_request_corpus_never_5xx() {
 
 #[tokio::test]
 async fn queue_wait_over_tier_target_gives_503() {
-    let fake = FakeConfig {
+    let fake = Fake {
         max_running: 1,
         max_waiting: 8,
         token_delay: Duration::from_millis(10),
-        ..FakeConfig::default()
+        ..Fake::default()
     };
     let h = start(fake, ServerConfig::default()).await;
     let policy = EnginePolicy {
@@ -719,9 +781,9 @@ async fn session_header_reuses_retained_kv() {
 
 #[tokio::test]
 async fn not_ready_while_loading() {
-    let fake = FakeConfig {
+    let fake = Fake {
         load_delay: Duration::from_millis(500),
-        ..FakeConfig::default()
+        ..Fake::default()
     };
     let h = start(fake, ServerConfig::default()).await;
     let ready = h
@@ -758,7 +820,7 @@ async fn stalled_upload_gets_408() {
         body_read_timeout: Duration::from_millis(300),
         ..ServerConfig::default()
     };
-    let h = start(FakeConfig::default(), config).await;
+    let h = start(Fake::default(), config).await;
     let addr = h.base.trim_start_matches("http://").to_string();
     let mut conn = tokio::net::TcpStream::connect(addr).await.unwrap();
     conn.write_all(
@@ -826,7 +888,7 @@ async fn oversized_body_written_whole_gets_413_json() {
         max_body_bytes: limit,
         ..ServerConfig::default()
     };
-    let h = start(FakeConfig::default(), config).await;
+    let h = start(Fake::default(), config).await;
     let addr = h.base.trim_start_matches("http://").to_string();
     // Like Python's urllib: send the whole request (twice the limit), then read the answer.
     let answer = tokio::task::spawn_blocking(move || {

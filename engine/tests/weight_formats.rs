@@ -20,7 +20,7 @@
 mod common;
 
 use tidegate_engine::model::ModelFiles;
-use tidegate_engine::runner::{Runner, RunnerConfig, SeqChunk, WeightChoice};
+use tidegate_engine::runner::{PackedRunner, RunnerConfig, SeqChunk, WeightChoice};
 use tidegate_engine::sampling::argmax;
 
 /// Logits of the prompt's last token, then of `steps` greedy decode steps (tokens chosen by
@@ -37,7 +37,7 @@ fn logits(
         num_blocks: 16,
     };
     let table: Vec<u32> = (0..16).collect();
-    let mut runner = Runner::with_weights(files, rc, w).unwrap();
+    let mut runner = PackedRunner::with_weights(files, rc, w).unwrap();
     let (mut out, mut chosen) = (Vec::new(), Vec::new());
     let mut next = prompt.to_vec();
     let mut pos = 0;

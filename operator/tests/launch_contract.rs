@@ -10,6 +10,7 @@ use std::path::{Path, PathBuf};
 use k8s_openapi::api::core::v1::Container;
 use tidegate_api::engine_launch::{self as launch, whole_seconds};
 use tidegate_api::{InferencePool, InferencePoolSpec};
+use tidegate_engine::runner::DeviceChoice;
 use tidegate_engine::server::cli::{ServeArgs, parse_serve, serve_command};
 use tidegate_operator::k8s::deployment::{KV_OFFLOAD_MOUNT, model_location, pod_template};
 use tidegate_operator::local::files::load_manifests;
@@ -131,6 +132,11 @@ fn assert_same_meaning(what: &str, spec: &InferencePoolSpec, a: &ServeArgs) {
         format!("{}s", a.drain_grace.as_secs()),
         whole_seconds(&e.drain_grace_period),
         "{what}: drainGracePeriod"
+    );
+    assert_eq!(
+        a.device != DeviceChoice::Cpu,
+        e.resources.gpus > 0,
+        "{what}: a pool with GPUs serves on CUDA"
     );
     assert!(
         a.admin_token.is_none(),

@@ -18,13 +18,13 @@ use anyhow::Context;
 use serde_json::{Value, json};
 
 use super::bench_client::{Timing, one, percentile, prompt, request, steady_decode_rate};
-use super::{LoopConfig, LoopEngine, bench_session, soak};
+use super::{LoopConfig, LoopEngine, LoopModel, bench_session, soak};
 use crate::backend::Engine;
 use crate::bench_model::{measure_bandwidth, roofline_tokens_per_s};
 use crate::kernels::peak::fma_peak_flops;
 use crate::metrics::{Metrics, resident_memory_bytes};
 use crate::model::ModelFiles;
-use crate::runner::{WeightChoice, WeightsPlan};
+use crate::runner::{DeviceChoice, Placement, RunnerChoice, WeightChoice};
 
 /// Options of `tidegate-engine bench`.
 #[derive(Debug, Clone, clap::Args)]
@@ -72,6 +72,12 @@ pub struct BenchArgs {
     /// Format the weights are served in (as `serve --weights`).
     #[arg(long, value_enum, default_value_t = WeightChoice::AsFile)]
     pub weights: WeightChoice,
+    /// Where the model runs (as `serve --device`): cpu, cuda or cuda:N.
+    #[arg(long, default_value = "cpu")]
+    pub device: DeviceChoice,
+    /// Which runner (as `serve --runner`; default packed on cpu, candle on cuda).
+    #[arg(long, value_enum)]
+    pub runner: Option<RunnerChoice>,
 }
 
 /// Runs the benchmark and prints the figures.
@@ -81,18 +87,20 @@ pub fn run(args: &BenchArgs) -> anyhow::Result<()> {
             .num_threads(t.max(1))
             .build_global();
     }
+    let placement = Placement::resolve(args.device, args.runner)?;
     let rss_start = resident_memory_bytes().unwrap_or(0);
     let bw = measure_bandwidth();
     let peak = fma_peak_flops();
     let files = ModelFiles::load(&args.model)
         .with_context(|| format!("loading {}", args.model.display()))?;
     let vocab = files.config.vocab_size;
-    let plan = WeightsPlan::new(&files.weights, &files.config, args.weights)?;
-    let bytes_per_token = plan.bytes_per_token();
+    let model = LoopModel::for_files(files, placement, args.weights)?;
+    let served = model.weights.clone();
+    let bytes_per_token = served.bytes_per_token;
     let roofline = roofline_tokens_per_s(bw.read, bytes_per_token);
     // One multiply-add (two FLOPs, or two integer ops) per weight. Quantized weights use
     // integer dot products; the FMA peak stands in for their peak too (no int8 probe yet).
-    let flops_per_token = 2.0 * plan.weight_count() as f64;
+    let flops_per_token = 2.0 * served.weight_count as f64;
     let compute_ceiling = peak / flops_per_token;
     let config = LoopConfig {
         model_id: "bench".into(),
@@ -102,10 +110,11 @@ pub fn run(args: &BenchArgs) -> anyhow::Result<()> {
         max_batch_seqs: args.concurrency.iter().copied().max().unwrap_or(1).max(1),
         max_waiting: 4096,
         weights: args.weights,
+        placement,
         ..LoopConfig::default()
     };
     let metrics = Metrics::new();
-    let engine: Arc<dyn Engine> = LoopEngine::start(files, config, Arc::clone(&metrics))?;
+    let engine: Arc<dyn Engine> = LoopEngine::start_model(model, config, Arc::clone(&metrics))?;
     while !engine.is_ready() {
         std::thread::sleep(Duration::from_millis(20));
     }
@@ -170,7 +179,9 @@ pub fn run(args: &BenchArgs) -> anyhow::Result<()> {
         "copy_bandwidth_gb_s": bw.copy / 1e9,
         "read_bandwidth_gb_s": bw.read / 1e9,
         "fma_peak_gflop_s": peak / 1e9,
-        "weights": plan.label(),
+        "device": placement.device.to_string(),
+        "runner": placement.runner.to_string(),
+        "weights": served.label,
         "weight_bytes_per_token": bytes_per_token,
         "batch1_roofline_tokens_per_s": roofline,
         "compute_ceiling_tokens_per_s": compute_ceiling,
@@ -231,6 +242,11 @@ async fn level(
 
 fn print_text(r: &Value) {
     let f = |v: &Value| v.as_f64().unwrap_or(f64::NAN);
+    println!(
+        "runner {} on {}",
+        r["runner"].as_str().unwrap_or("?"),
+        r["device"].as_str().unwrap_or("?")
+    );
     println!(
         "copy bandwidth {:.1} GB/s, read {:.1} GB/s; batch-1 roofline {:.1} tok/s ({} weight bytes/token, weights {})",
         f(&r["copy_bandwidth_gb_s"]),

@@ -13,6 +13,10 @@
 //! KV retention) is read from the scheduler's one tier table, which `set_tier_policy`
 //! replaces. So a push changes all of a tier's parameters together, for queued requests too.
 //!
+//! What is served is a [`LoopModel`]: a tokenizer and a [`ModelRunner`] built on the owner
+//! thread (the packed CPU runner, the candle device runner, or the echo runner of
+//! `--fake-model`). The loop, scheduler and KV manager are the same for all of them.
+//!
 //! Invariant: only the owner thread touches scheduler, KV cache and runner state; the handle
 //! shares nothing with it but channels, the ready flag and a one-slot tier-policy mailbox
 //! (one slot so a push is never lost to a full inbox; the owner applies it before it takes
@@ -22,6 +26,7 @@ pub mod bench;
 mod bench_client;
 mod bench_session;
 mod live;
+mod model;
 mod owner;
 mod publish;
 mod soak;
@@ -40,11 +45,14 @@ use crate::backend::{
     Admitted, ChatMessage, Engine, GenerateRequest, ModelInfo, SubmitError, TokenId, TokenSender,
     TokenizeError, token_channel,
 };
+use crate::error::{Error, Result as EngineResult};
 use crate::kv_cache::Tiers;
 use crate::metrics::Metrics;
 use crate::model::{ModelFiles, Tokenizer};
-use crate::runner::{WeightChoice, WeightsPlan};
+use crate::runner::echo::EchoConfig;
+use crate::runner::{Placement, WeightChoice};
 
+pub use model::{LoopModel, RunnerBuild, ServedWeights};
 use owner::Owner;
 
 /// Sizing of the engine loop.
@@ -74,6 +82,8 @@ pub struct LoopConfig {
     pub max_context_tokens: Option<usize>,
     /// The format the projections are served in (`--weights`).
     pub weights: WeightChoice,
+    /// Where the model runs and on which runner (`--device`, `--runner`).
+    pub placement: Placement,
 }
 
 impl LoopConfig {
@@ -99,9 +109,13 @@ impl Default for LoopConfig {
             retry_after: Duration::from_secs(1),
             max_context_tokens: None,
             weights: WeightChoice::AsFile,
+            placement: Placement::cpu_packed(),
         }
     }
 }
+
+/// Inbox room beyond a queue and a batch: policy wake-ups and a burst's stragglers.
+const INBOX_SLACK: usize = 16;
 
 /// A request on its way to the owner thread.
 pub(crate) struct Job {
@@ -129,42 +143,57 @@ pub struct LoopEngine {
 }
 
 impl LoopEngine {
-    /// Starts the owner thread for a loaded checkpoint; the runner (weight packing, KV pool)
-    /// is built on that thread, and the engine turns ready when it is done.
+    /// Starts the owner thread for a loaded checkpoint on the runner `config.placement`
+    /// names.
     pub fn start(
         files: ModelFiles,
         config: LoopConfig,
         metrics: Arc<Metrics>,
-    ) -> crate::error::Result<Arc<Self>> {
+    ) -> EngineResult<Arc<Self>> {
+        let model = LoopModel::for_files(files, config.placement, config.weights)?;
+        Self::start_model(model, config, metrics)
+    }
+
+    /// Starts the owner thread for `model`; its runner is built on that thread, and the
+    /// engine turns ready when it is done.
+    pub fn start_model(
+        model: LoopModel,
+        config: LoopConfig,
+        metrics: Arc<Metrics>,
+    ) -> EngineResult<Arc<Self>> {
         let kv_tokens = config.kv_blocks.max(1) * config.kv_block_tokens.max(1);
         // What the scheduler takes, and never more than the KV pool can hold.
         let context = config
-            .max_model_len(files.config.max_position_embeddings)
+            .max_model_len(model.max_position_embeddings)
             .min(kv_tokens);
-        let plan = WeightsPlan::new(&files.weights, &files.config, config.weights)?;
         let info = ModelInfo {
             id: config.model_id.clone(),
             context_length: u32::try_from(context).unwrap_or(u32::MAX),
-            weights: plan.label(),
-            weight_bytes_per_token: plan.bytes_per_token() as u64,
+            weights: model.weights.label.clone(),
+            weight_bytes_per_token: model.weights.bytes_per_token as u64,
             created: SystemTime::now()
                 .duration_since(UNIX_EPOCH)
                 .map(|d| d.as_secs())
                 .unwrap_or(0),
         };
         let ready = Arc::new(AtomicBool::new(false));
-        let tokenizer = Arc::new(files.tokenizer.clone());
-        let (inbox, rx) = sync_channel(config.max_waiting.max(1));
+        let tokenizer = Arc::new(model.tokenizer.clone());
+        // The queue bound is the scheduler's (`waiting ≤ max_waiting`, refused as QueueFull
+        // there). The inbox only carries requests to the owner between its turns, so it holds
+        // a whole queue's worth plus a batch and room for policy wake-ups: otherwise a request
+        // that arrives while the owner is mid-step finds the inbox full and gets a 429 with
+        // the queue itself empty.
+        let inbox_bound = config.max_waiting.max(1) + config.max_batch_seqs.max(1) + INBOX_SLACK;
+        let (inbox, rx) = sync_channel(inbox_bound);
         let tiers = Arc::new(Mutex::new(None));
         let retry_after = config.retry_after;
         let owner_ready = Arc::clone(&ready);
         let owner_tiers = Arc::clone(&tiers);
         std::thread::Builder::new()
             .name("engine-loop".into())
-            .spawn(move || {
-                match Owner::new(&files, &config, metrics, owner_tiers) {
+            .spawn(
+                move || match Owner::new(model, &config, metrics, owner_tiers) {
                     Ok(mut owner) => {
-                        drop(files);
                         owner_ready.store(true, Ordering::Release);
                         owner.run(&rx);
                     }
@@ -177,9 +206,9 @@ impl LoopEngine {
                             }
                         }
                     }
-                }
-            })
-            .map_err(|e| crate::error::Error::Config(format!("spawning the engine loop: {e}")))?;
+                },
+            )
+            .map_err(|e| Error::Config(format!("spawning the engine loop: {e}")))?;
         Ok(Arc::new(LoopEngine {
             info,
             ready,
@@ -189,9 +218,18 @@ impl LoopEngine {
             retry_after,
         }))
     }
+
+    /// Starts the owner thread on the echo runner (`serve --fake-model`, tests, demos).
+    pub fn start_echo(
+        echo: EchoConfig,
+        config: LoopConfig,
+        metrics: Arc<Metrics>,
+    ) -> EngineResult<Arc<Self>> {
+        Self::start_model(LoopModel::echo(echo)?, config, metrics)
+    }
 }
 
-fn tok_err(e: crate::error::Error) -> TokenizeError {
+fn tok_err(e: Error) -> TokenizeError {
     TokenizeError::Invalid(e.to_string())
 }
 

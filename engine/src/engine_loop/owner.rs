@@ -20,13 +20,13 @@ use crate::backend::{FinishReason, SubmitError, TokenEvent, Usage};
 use crate::error::Result;
 use crate::kv_cache::{KvCacheManager, KvConfig, SeqId, StoreConfig, Tiers};
 use crate::metrics::Metrics;
-use crate::model::{ModelFiles, Tokenizer};
-use crate::runner::{Runner, RunnerConfig, SeqChunk};
+use crate::model::Tokenizer;
+use crate::runner::{ModelRunner, RunnerConfig, SeqChunk};
 use crate::scheduler::{AddError, Expired, NewRequest, Scheduler, SchedulerConfig};
 
 use super::live::Live;
 use super::publish::publish;
-use super::{Job, LoopConfig, Msg};
+use super::{Job, LoopConfig, LoopModel, Msg};
 
 /// How long an idle owner sleeps on its inbox before applying TTLs again.
 const IDLE_TICK: Duration = Duration::from_millis(500);
@@ -36,7 +36,7 @@ const BLOCKED_TICK: Duration = Duration::from_millis(5);
 /// The engine loop's state (lives on its own thread).
 pub(crate) struct Owner {
     sched: Scheduler,
-    runner: Runner,
+    runner: Box<dyn ModelRunner>,
     tokenizer: Tokenizer,
     eos: Vec<u32>,
     live: HashMap<SeqId, Live>,
@@ -49,30 +49,32 @@ pub(crate) struct Owner {
 }
 
 impl Owner {
-    /// Packs the weights, allocates the KV pool and builds the scheduler.
+    /// Builds the model's runner (packing weights, allocating the KV pool) and the scheduler.
     pub(crate) fn new(
-        files: &ModelFiles,
+        model: LoopModel,
         cfg: &LoopConfig,
         metrics: Arc<Metrics>,
         tiers: Arc<Mutex<Option<Tiers>>>,
     ) -> Result<Self> {
         let block_size = cfg.kv_block_tokens.max(1);
         let num_blocks = cfg.kv_blocks.max(1);
-        let runner = Runner::with_weights(
-            files,
-            RunnerConfig {
-                block_size,
-                num_blocks,
-            },
-            cfg.weights,
-        )?;
-        let plan = runner.weights_plan();
+        let LoopModel {
+            tokenizer,
+            max_position_embeddings,
+            weights,
+            build,
+        } = model;
+        let runner = build(RunnerConfig {
+            block_size,
+            num_blocks,
+        })?;
         tracing::info!(
-            weights = %plan.label(),
-            bytes_per_token = plan.bytes_per_token(),
-            "weights packed"
+            runner = runner.kind(),
+            weights = %weights.label,
+            bytes_per_token = weights.bytes_per_token,
+            "runner ready"
         );
-        let block_bytes = Runner::block_bytes_for(&files.config, block_size);
+        let block_bytes = runner.block_bytes();
         let mut kv_cfg = KvConfig::new(
             u32::try_from(num_blocks).unwrap_or(u32::MAX),
             block_size,
@@ -97,7 +99,7 @@ impl Owner {
             max_num_tokens: cfg.max_batch_tokens.max(1),
             max_num_seqs: cfg.max_batch_seqs.max(1),
             max_waiting: cfg.max_waiting.max(1),
-            max_model_len: cfg.max_model_len(files.config.max_position_embeddings),
+            max_model_len: cfg.max_model_len(max_position_embeddings),
             max_prefill_chunk: cfg.max_batch_tokens.max(1),
             ..SchedulerConfig::default()
         };
@@ -106,8 +108,8 @@ impl Owner {
         Ok(Owner {
             sched,
             runner,
-            tokenizer: files.tokenizer.clone(),
-            eos: files.tokenizer.eos_ids().to_vec(),
+            eos: tokenizer.eos_ids().to_vec(),
+            tokenizer,
             live: HashMap::new(),
             next_id: 1,
             epoch: Instant::now(),
@@ -259,10 +261,10 @@ impl Owner {
     fn turn(&mut self) {
         self.sweep();
         let now = self.now_ms();
-        let out = self.sched.schedule(now, &mut self.runner);
+        let out = self.sched.schedule(now, self.runner.as_mut());
         self.refuse_expired(&out.expired);
         if out.is_empty() {
-            self.sched.tick(now, &mut self.runner);
+            self.sched.tick(now, self.runner.as_mut());
             publish(&self.metrics, &self.sched);
             if !self.live.is_empty() {
                 std::thread::sleep(BLOCKED_TICK);

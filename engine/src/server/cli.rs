@@ -21,11 +21,13 @@ use tokio::net::TcpListener;
 use super::{AdminAuth, ServerConfig};
 use crate::backend::Engine;
 use crate::engine_loop::{LoopConfig, LoopEngine};
-use crate::fake_engine::{FakeConfig, FakeEngine};
-use crate::kv_sizing::{KvRequest, KvSize, read_memory_facts, size_kv_pool};
+use crate::kv_sizing::{KvRequest, KvSize, read_memory_facts, size_device_kv_pool, size_kv_pool};
 use crate::metrics::Metrics;
 use crate::model::{ModelFiles, ModelFormat};
-use crate::runner::{Runner, WeightChoice, WeightsPlan};
+use crate::runner::candle::{CandleRunner, weight_count_for};
+use crate::runner::echo::EchoConfig;
+use crate::runner::select::{candle_dtype, device_memory};
+use crate::runner::{DeviceChoice, PackedRunner, Placement, RunnerChoice, WeightChoice};
 
 /// Log line format.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, ValueEnum)]
@@ -40,6 +42,10 @@ fn parse_fraction(s: &str) -> Result<f64, String> {
         Ok(f) if f > 0.0 && f <= 1.0 => Ok(f),
         _ => Err(format!("{s:?}: expected a fraction in (0, 1], e.g. 0.9")),
     }
+}
+
+fn parse_device(s: &str) -> Result<DeviceChoice, String> {
+    s.parse()
 }
 
 fn parse_duration(s: &str) -> Result<Duration, String> {
@@ -57,7 +63,8 @@ pub struct ServeArgs {
     /// Weight format of --model.
     #[arg(long = flag::MODEL_FORMAT, env = "TIDEGATE_MODEL_FORMAT", value_enum, default_value_t = ModelFormat::Auto)]
     pub model_format: ModelFormat,
-    /// Serve the deterministic fake backend instead of a model (tests and demos).
+    /// Serve the deterministic echo runner instead of a model (tests and demos): the real
+    /// engine loop, scheduler and KV cache, with a model that echoes the last user message.
     #[arg(long, env = "TIDEGATE_FAKE_MODEL")]
     pub fake_model: bool,
     /// Name clients use in `model` (defaults to the model directory's name, or `fake`).
@@ -138,19 +145,27 @@ pub struct ServeArgs {
     /// Compute threads for the forward pass (default: available parallelism).
     #[arg(long, env = "TIDEGATE_THREADS")]
     pub threads: Option<usize>,
+    /// Where the model runs: cpu, cuda or cuda:N (CUDA needs a build with the `cuda` feature,
+    /// the engine's -cuda image).
+    #[arg(long = flag::DEVICE, env = "TIDEGATE_DEVICE", default_value = "cpu", value_parser = parse_device)]
+    pub device: DeviceChoice,
+    /// Which runner: packed (this crate's CPU kernels; CPU only, the CPU default) or candle
+    /// (candle tensors on the device; the CUDA default).
+    #[arg(long, env = "TIDEGATE_RUNNER", value_enum)]
+    pub runner: Option<RunnerChoice>,
     /// Format the weights are served in: as the file stores them, or converted at load.
     #[arg(long, env = "TIDEGATE_WEIGHTS", value_enum, default_value_t = WeightChoice::AsFile)]
     pub weights: WeightChoice,
-    /// Fake backend: time per batched decode step.
+    /// Fake model (echo runner): time one batched step takes.
     #[arg(long, env = "TIDEGATE_FAKE_TOKEN_DELAY", default_value = "5ms", value_parser = parse_duration)]
     pub fake_token_delay: Duration,
-    /// Fake backend: context length in tokens (characters).
+    /// Fake model: context length in tokens (bytes of UTF-8 text).
     #[arg(long, env = "TIDEGATE_FAKE_CONTEXT_LENGTH", default_value_t = 4096)]
     pub fake_context_length: u32,
-    /// Fake backend: KV cache blocks (16 tokens each).
+    /// Fake model: KV cache blocks (--kv-block-tokens each) unless --kv-blocks is given.
     #[arg(long, env = "TIDEGATE_FAKE_KV_BLOCKS", default_value_t = 4096)]
     pub fake_kv_blocks: u64,
-    /// Fake backend: time before /readyz turns ready (simulated loading).
+    /// Fake model: time before /readyz turns ready (simulated loading).
     #[arg(long, env = "TIDEGATE_FAKE_LOAD_DELAY", default_value = "0s", value_parser = parse_duration)]
     pub fake_load_delay: Duration,
 }
@@ -220,27 +235,13 @@ pub fn admin_auth_from(
 
 fn load_engine(args: &ServeArgs, metrics: &Arc<Metrics>) -> anyhow::Result<Arc<dyn Engine>> {
     if args.fake_model {
-        let config = FakeConfig {
-            model_id: args
-                .served_model_name
-                .clone()
-                .unwrap_or_else(|| "fake".to_string()),
-            context_length: args
-                .max_context_tokens
-                .and_then(|c| u32::try_from(c).ok())
-                .unwrap_or(args.fake_context_length),
-            token_delay: args.fake_token_delay,
-            max_running: args.max_batch_size.max(1),
-            max_waiting: args.max_queued_requests.max(1),
-            kv_blocks_total: args.fake_kv_blocks.max(1),
-            block_size: 16,
-            load_delay: args.fake_load_delay,
-        };
-        return Ok(FakeEngine::start(config, Arc::clone(metrics)));
+        return load_echo(args, metrics);
     }
     let Some(path) = args.model.as_deref() else {
         bail!("--model is required unless --fake-model is set");
     };
+    // Before loading anything: a device this build cannot use is an error at once.
+    let placement = Placement::resolve(args.device, args.runner)?;
     if let Some(threads) = args.threads {
         // Fails only if a pool was already built (tests); the existing one is kept.
         let _ = rayon::ThreadPoolBuilder::new()
@@ -254,19 +255,46 @@ fn load_engine(args: &ServeArgs, metrics: &Arc<Metrics>) -> anyhow::Result<Arc<d
             .map(|s| s.to_string_lossy().into_owned())
             .unwrap_or_else(|| "model".to_string())
     });
-    let plan = WeightsPlan::new(&files.weights, &files.config, args.weights)?;
     tracing::info!(
         model = %model_id,
         layers = files.config.num_hidden_layers,
-        weights = %plan.label(),
-        bytes_per_token = plan.bytes_per_token(),
+        device = %placement.device,
+        runner = %placement.runner,
         "model loaded"
     );
-    let kv = kv_pool_size(args, &files)?;
+    let kv = kv_pool_size(args, &files, placement)?;
     tracing::info!(blocks = kv.blocks, why = %kv.why, "KV pool sized");
-    let config = LoopConfig {
+    let mut config = loop_config(args, model_id, kv.blocks);
+    config.placement = placement;
+    let engine = LoopEngine::start(files, config, Arc::clone(metrics))?;
+    Ok(engine)
+}
+
+/// `--fake-model`: the real engine loop (scheduler, KV manager, admission) on the echo
+/// runner. The pool is `--kv-blocks` when given, else `--fake-kv-blocks`.
+fn load_echo(args: &ServeArgs, metrics: &Arc<Metrics>) -> anyhow::Result<Arc<dyn Engine>> {
+    let echo = EchoConfig {
+        step_time: args.fake_token_delay,
+        context_length: args.fake_context_length as usize,
+        load_delay: args.fake_load_delay,
+    };
+    let model_id = args
+        .served_model_name
+        .clone()
+        .unwrap_or_else(|| "fake".to_string());
+    let blocks = args
+        .kv_blocks
+        .unwrap_or(usize::try_from(args.fake_kv_blocks).unwrap_or(usize::MAX));
+    let config = loop_config(args, model_id, blocks);
+    tracing::info!(blocks = config.kv_blocks, "echo runner (--fake-model)");
+    Ok(LoopEngine::start_echo(echo, config, Arc::clone(metrics))?)
+}
+
+/// The loop's sizing from the flags, with the pool's block count already decided.
+fn loop_config(args: &ServeArgs, model_id: String, kv_blocks: usize) -> LoopConfig {
+    LoopConfig {
         model_id,
-        kv_blocks: kv.blocks,
+        kv_blocks: kv_blocks.max(1),
         kv_block_tokens: args.kv_block_tokens.max(1),
         kv_host_bytes: quantity_bytes(&args.kv_host_offload),
         kv_disk_bytes: quantity_bytes(&args.kv_disk_offload),
@@ -277,9 +305,7 @@ fn load_engine(args: &ServeArgs, metrics: &Arc<Metrics>) -> anyhow::Result<Arc<d
         max_context_tokens: args.max_context_tokens,
         weights: args.weights,
         ..LoopConfig::default()
-    };
-    let engine = LoopEngine::start(files, config, Arc::clone(metrics))?;
-    Ok(engine)
+    }
 }
 
 fn quantity_bytes(q: &Quantity) -> usize {
@@ -288,14 +314,28 @@ fn quantity_bytes(q: &Quantity) -> usize {
         .map_or(0, |b| usize::try_from(b).unwrap_or(usize::MAX))
 }
 
-/// The KV pool's block count: explicit, from the memory fraction, or the default.
-fn kv_pool_size(args: &ServeArgs, files: &ModelFiles) -> anyhow::Result<KvSize> {
+/// The KV pool's block count: explicit, from the memory fraction (of host memory, or of the
+/// GPU's on CUDA), or the default.
+fn kv_pool_size(args: &ServeArgs, files: &ModelFiles, at: Placement) -> anyhow::Result<KvSize> {
+    let bs = args.kv_block_tokens.max(1);
+    let dtype = candle_dtype(at.device);
+    let block_bytes = match at.runner {
+        RunnerChoice::Packed => PackedRunner::block_bytes_for(&files.config, bs),
+        RunnerChoice::Candle => CandleRunner::block_bytes_for(&files.config, bs, dtype),
+    };
     let request = KvRequest {
         explicit_blocks: args.kv_blocks,
         memory_fraction: args.kv_memory_fraction,
-        block_bytes: Runner::block_bytes_for(&files.config, args.kv_block_tokens.max(1)),
+        block_bytes,
         host_offload_bytes: quantity_bytes(&args.kv_host_offload) as u64,
     };
+    if let Some((free, _total)) = device_memory(at.device)? {
+        // The weights go up after this; the embedding is counted once more (tied or not).
+        let cfg = &files.config;
+        let count = weight_count_for(cfg) + cfg.vocab_size * cfg.hidden_size;
+        let weights = (count * dtype.size_in_bytes()) as u64;
+        return Ok(size_device_kv_pool(&request, free, weights)?);
+    }
     let limit = args.memory_limit.as_ref().and_then(Quantity::to_bytes);
     Ok(size_kv_pool(&request, &read_memory_facts(limit))?)
 }

@@ -52,6 +52,7 @@ pub mod flag {
     pub const KV_DISK_DIR: &str = "kv-disk-dir";
     pub const DRAIN_GRACE: &str = "drain-grace";
     pub const LOG_FORMAT: &str = "log-format";
+    pub const DEVICE: &str = "device";
 }
 
 /// Environment variables of `tidegate-engine serve` (each flag has one; these are the ones
@@ -186,6 +187,10 @@ pub fn engine_launch(
         let dir = site.kv_disk_dir.as_ref().ok_or(LaunchError::NoDiskDir)?;
         a.flag(flag::KV_DISK_DIR, dir);
     }
+    if e.resources.gpus > 0 {
+        // A pod given GPUs serves on them (the engine's default runner there is candle).
+        a.flag(flag::DEVICE, "cuda");
+    }
     a.flag(flag::DRAIN_GRACE, whole_seconds(&e.drain_grace_period));
     a.flag(flag::LOG_FORMAT, site.log_format);
     a.0.extend(e.extra_args.iter().cloned());
@@ -243,6 +248,20 @@ mod tests {
         assert_eq!(value_of(&l.args, flag::KV_DISK_OFFLOAD), Some("0"));
         assert_eq!(value_of(&l.args, flag::KV_DISK_DIR), None);
         assert_eq!(l.args[0], SERVE);
+    }
+
+    #[test]
+    fn a_pool_with_gpus_runs_its_engine_on_cuda() {
+        let gpu = spec(serde_json::json!({"resources": {"gpus": 1}}));
+        let l = engine_launch(&gpu, &site(None)).expect("launch");
+        assert_eq!(value_of(&l.args, flag::DEVICE), Some("cuda"));
+        let cpu = spec(serde_json::json!({"resources": {"gpus": 0}}));
+        let l = engine_launch(&cpu, &site(None)).expect("launch");
+        assert_eq!(
+            value_of(&l.args, flag::DEVICE),
+            None,
+            "the engine's default: cpu"
+        );
     }
 
     #[test]
