@@ -98,7 +98,9 @@ def run(args):
     def count(key):
         with lock:
             stats[key] = stats.get(key, 0) + 1
-            if key.startswith("error/"):
+            # Lost: the connection broke, or the router answered that the engine failed
+            # while it had the request (502; a request already sent is never replayed).
+            if key.startswith("error/") or key.startswith("refused/502/"):
                 errors.append((time.time(), key))
 
     def user(i):

@@ -111,6 +111,7 @@ async fn start_router_with(
         admin: AdminAuth::Token(TOKEN.into()),
         router_token: Some(TOKEN.into()),
         limit_share: 1,
+        stream_idle_timeout: Duration::from_secs(30),
         initial_policy: policy,
         endpoints: engines.iter().map(|e| endpoint(e)).collect(),
     };
@@ -350,6 +351,7 @@ async fn a_hold_past_its_bound_is_a_503_with_retry_after() {
         admin: AdminAuth::Disabled,
         router_token: None,
         limit_share: 1,
+        stream_idle_timeout: Duration::from_secs(30),
         initial_policy: gateway_policy(),
         endpoints: vec![],
     };
@@ -408,25 +410,7 @@ async fn the_engines_bad_request_corpus_gets_the_same_answers_through_the_router
     })
     .await;
     let r = start_router_with(&[&a], gateway_policy(), bad_requests::MAX_BODY_BYTES).await;
-    for (path, body, want) in bad_requests::corpus() {
-        let resp = r
-            .http
-            .post(format!("{}{path}", r.base))
-            .header("content-type", "application/json")
-            .body(body.clone())
-            .send()
-            .await
-            .unwrap();
-        let status = resp.status().as_u16();
-        let shown = String::from_utf8_lossy(&body[..body.len().min(80)]).to_string();
-        let v: Value = resp
-            .json()
-            .await
-            .unwrap_or_else(|e| panic!("{shown}: body is not JSON: {e}"));
-        assert!(v["error"]["message"].is_string(), "{shown}: {v}");
-        assert!(v["error"]["type"].is_string(), "{shown}: {v}");
-        assert_eq!(status, want, "{shown}: {v}");
-    }
+    bad_requests::check_corpus(&r.http, &r.base).await;
     let unauthorized = r
         .http
         .get(format!("{}{ENDPOINTS_PATH}", r.admin))
@@ -436,4 +420,127 @@ async fn the_engines_bad_request_corpus_gets_the_same_answers_through_the_router
     assert_eq!(unauthorized.status(), 401);
     let m = r.metrics().await;
     assert!(!m.contains("engine_error"), "{m}");
+}
+
+/// How the misbehaving engine below ends its answer.
+#[derive(Clone, Copy)]
+enum Misbehaviour {
+    /// One good event, then silence with the connection open.
+    Hang,
+    /// One good event, then bytes that are not HTTP chunked framing, then a close.
+    Garbage,
+}
+
+/// A TCP server that passes readiness probes and answers completions with a stream that
+/// breaks: what a wedged or crashing engine looks like to the router.
+async fn bad_engine(how: Misbehaviour) -> String {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let url = format!("http://{}", listener.local_addr().unwrap());
+    tokio::spawn(async move {
+        loop {
+            let Ok((mut sock, _)) = listener.accept().await else {
+                return;
+            };
+            tokio::spawn(async move {
+                let mut buf = Vec::new();
+                loop {
+                    let mut chunk = [0u8; 4096];
+                    let Ok(n) = sock.read(&mut chunk).await else {
+                        return;
+                    };
+                    if n == 0 {
+                        return;
+                    }
+                    buf.extend_from_slice(&chunk[..n]);
+                    let Some(end) = buf.windows(4).position(|w| w == b"\r\n\r\n") else {
+                        continue;
+                    };
+                    let head = String::from_utf8_lossy(&buf[..end]).to_string();
+                    if head.starts_with("GET") {
+                        buf.drain(..end + 4);
+                        let ok = "HTTP/1.1 200 OK\r\ncontent-length: 5\r\n\r\nready";
+                        if sock.write_all(ok.as_bytes()).await.is_err() {
+                            return;
+                        }
+                        continue;
+                    }
+                    let event = "data: {\"choices\":[{\"index\":0,\"delta\":{\"content\":\"hi\"}}]}\n\n";
+                    let start = format!(
+                        "HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\ntransfer-encoding: chunked\r\n\r\n{:x}\r\n{event}\r\n",
+                        event.len()
+                    );
+                    let _ = sock.write_all(start.as_bytes()).await;
+                    match how {
+                        Misbehaviour::Hang => tokio::time::sleep(Duration::from_secs(600)).await,
+                        Misbehaviour::Garbage => {
+                            let _ = sock.write_all(b"this is not chunked framing\r\n").await;
+                        }
+                    }
+                    return;
+                }
+            });
+        }
+    });
+    url
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_engine_that_hangs_or_sends_garbage_ends_only_its_own_stream() {
+    for how in [Misbehaviour::Hang, Misbehaviour::Garbage] {
+        let bad = bad_engine(how).await;
+        let api = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let config = RouterConfig {
+            dispatch: dispatch_config(),
+            max_body_bytes: 1 << 20,
+            body_read_timeout: Duration::from_secs(5),
+            admin: AdminAuth::Disabled,
+            router_token: None,
+            limit_share: 1,
+            stream_idle_timeout: Duration::from_millis(400),
+            initial_policy: gateway_policy(),
+            endpoints: vec![RouterEndpoint {
+                name: "bad".into(),
+                url: bad,
+                accepting: true,
+            }],
+        };
+        let running = router::start(config, api, None).unwrap();
+        let base = format!("http://{}", running.api_addr);
+        let http = reqwest::Client::new();
+        let deadline = Instant::now() + Duration::from_secs(5);
+        while !http
+            .get(format!("{base}/metrics"))
+            .send()
+            .await
+            .unwrap()
+            .text()
+            .await
+            .unwrap()
+            .contains(r#"tidegate_router_endpoints{state="ready"} 1"#)
+        {
+            assert!(Instant::now() < deadline, "the bad engine never probed ready");
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+        let body = json!({"model": "fake", "messages": [{"role": "user", "content": "hi"}], "stream": true});
+        let t0 = Instant::now();
+        let resp = http
+            .post(format!("{base}/v1/chat/completions"))
+            .json(&body)
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(resp.status(), 200);
+        let text = tokio::time::timeout(Duration::from_secs(10), resp.text())
+            .await
+            .expect("the stream ended")
+            .unwrap_or_default();
+        assert!(text.contains("\"hi\""), "the good event came through: {text}");
+        assert!(text.contains("engine_stream_broken"), "ended with an error event: {text}");
+        assert!(t0.elapsed() < Duration::from_secs(5));
+        // The router itself is fine: it still answers.
+        let health = http.get(format!("{base}/healthz")).send().await.unwrap();
+        assert_eq!(health.status(), 200);
+        running.abort();
+    }
 }

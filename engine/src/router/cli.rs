@@ -86,6 +86,10 @@ pub struct RouteArgs {
     /// Largest request body accepted, in bytes.
     #[arg(long, env = "TIDEGATE_MAX_BODY_BYTES", default_value_t = 1 << 20)]
     pub max_body_bytes: usize,
+    /// An engine silent this long while it has a request (before its answer or between two
+    /// chunks) has hung: that one answer ends with an error.
+    #[arg(long, env = "TIDEGATE_STREAM_IDLE_TIMEOUT", default_value = "120s", value_parser = parse_duration)]
+    pub stream_idle_timeout: Duration,
     /// On SIGTERM, how long the answers in flight get to finish.
     #[arg(long, env = "TIDEGATE_ROUTER_DRAIN_GRACE", default_value = "30s", value_parser = parse_duration)]
     pub drain_grace: Duration,
@@ -146,6 +150,7 @@ fn config(args: &RouteArgs) -> anyhow::Result<RouterConfig> {
             .filter(|t| !t.is_empty())
             .map(str::to_string),
         limit_share: args.limit_share.max(1),
+        stream_idle_timeout: args.stream_idle_timeout,
         initial_policy,
         endpoints: static_endpoints(&args.endpoints)?,
     })

@@ -7,8 +7,10 @@
 //! reads); an engine that breaks mid-stream ends that one stream, with an SSE error event
 //! when the answer is a stream; the router token and identity headers go only to engines.
 
+use std::future::Future;
 use std::pin::Pin;
 use std::task::{Context, Poll};
+use std::time::Duration;
 
 use axum::body::{Body, Bytes};
 use axum::http::{HeaderMap, HeaderName, HeaderValue, StatusCode};
@@ -33,6 +35,9 @@ pub enum ForwardError {
 #[derive(Debug)]
 pub struct Outbound<'a> {
     pub method: reqwest::Method,
+    /// An engine silent this long (before its answer starts, or between two chunks of it)
+    /// has hung: its stream is ended with an error.
+    pub idle_timeout: Duration,
     pub path: &'a str,
     pub client_headers: &'a HeaderMap,
     pub identity: &'a Identity,
@@ -79,16 +84,21 @@ pub async fn forward(
     o: Outbound<'_>,
 ) -> Result<(Response, &'static str), (ForwardError, Lease)> {
     let url = format!("{}{}", lease.url.trim_end_matches('/'), o.path);
-    let sent = http
+    let send = http
         .request(o.method.clone(), url)
         .headers(outbound_headers(&o))
         .body(o.body.clone())
-        .send()
-        .await;
-    let resp = match sent {
-        Ok(r) => r,
-        Err(e) if e.is_connect() => return Err((ForwardError::Connect(e.to_string()), lease)),
-        Err(e) => return Err((ForwardError::Sent(e.to_string()), lease)),
+        .send();
+    let resp = match tokio::time::timeout(o.idle_timeout, send).await {
+        Ok(Ok(r)) => r,
+        Ok(Err(e)) if e.is_connect() => {
+            return Err((ForwardError::Connect(e.to_string()), lease));
+        }
+        Ok(Err(e)) => return Err((ForwardError::Sent(e.to_string()), lease)),
+        Err(_) => {
+            let why = format!("no answer within {:?}", o.idle_timeout);
+            return Err((ForwardError::Sent(why), lease));
+        }
     };
     let status = resp.status();
     let mut headers = HeaderMap::new();
@@ -110,11 +120,17 @@ pub async fn forward(
             lease: Some(lease),
             sse,
             done: false,
+            idle_after: o.idle_timeout,
+            idle: Box::pin(tokio::time::sleep(o.idle_timeout)),
         });
         (body, "served")
     } else {
         // A refusal or an error: small JSON, read whole so its code names the outcome.
-        let bytes = resp.bytes().await.unwrap_or_default();
+        let bytes = tokio::time::timeout(o.idle_timeout, resp.bytes())
+            .await
+            .ok()
+            .and_then(Result::ok)
+            .unwrap_or_default();
         drop(lease);
         (Body::from(bytes.clone()), refusal_outcome(status, &bytes))
     };
@@ -149,6 +165,9 @@ struct Passthrough {
     lease: Option<Lease>,
     sse: bool,
     done: bool,
+    idle_after: Duration,
+    /// Fires when the engine has been silent for `idle_after`; reset by every chunk.
+    idle: Pin<Box<tokio::time::Sleep>>,
 }
 
 /// The SSE event that ends a stream the engine broke.
@@ -172,27 +191,43 @@ impl Stream for Passthrough {
             return Poll::Ready(None);
         }
         match self.inner.as_mut().poll_next(cx) {
-            Poll::Pending => Poll::Pending,
-            Poll::Ready(Some(Ok(b))) => Poll::Ready(Some(Ok(b))),
+            Poll::Pending => {
+                if self.idle.as_mut().poll(cx).is_pending() {
+                    return Poll::Pending;
+                }
+                let why = format!("no data for {:?}", self.idle_after);
+                Poll::Ready(Some(self.end_broken(&why)))
+            }
+            Poll::Ready(Some(Ok(b))) => {
+                let next = tokio::time::Instant::now() + self.idle_after;
+                self.idle.as_mut().reset(next);
+                Poll::Ready(Some(Ok(b)))
+            }
             Poll::Ready(None) => {
                 self.done = true;
                 self.lease = None;
                 Poll::Ready(None)
             }
-            Poll::Ready(Some(Err(e))) => {
-                self.done = true;
-                let engine = self
-                    .lease
-                    .take()
-                    .map(|l| l.name.clone())
-                    .unwrap_or_default();
-                tracing::warn!(%engine, error = %e, "engine broke a response mid-body");
-                if self.sse {
-                    Poll::Ready(Some(Ok(stream_error_event(&e.to_string()))))
-                } else {
-                    Poll::Ready(Some(Err(std::io::Error::other(e.to_string()))))
-                }
-            }
+            Poll::Ready(Some(Err(e))) => Poll::Ready(Some(self.end_broken(&e.to_string()))),
+        }
+    }
+}
+
+impl Passthrough {
+    /// Ends a body the engine broke (an error or silence): an SSE error event for a stream,
+    /// an aborted body otherwise; the engine's slot is returned at once.
+    fn end_broken(&mut self, why: &str) -> Result<Bytes, std::io::Error> {
+        self.done = true;
+        let engine = self
+            .lease
+            .take()
+            .map(|l| l.name.clone())
+            .unwrap_or_default();
+        tracing::warn!(%engine, error = %why, "engine broke a response mid-body");
+        if self.sse {
+            Ok(stream_error_event(why))
+        } else {
+            Err(std::io::Error::other(why.to_string()))
         }
     }
 }

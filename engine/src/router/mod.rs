@@ -31,7 +31,7 @@ use axum::Json;
 use axum::Router;
 use axum::body::Bytes;
 use axum::extract::{Request, State};
-use axum::http::{HeaderMap, StatusCode, Uri, header};
+use axum::http::{HeaderMap, StatusCode, Uri};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post, put};
 use tidegate_api::engine_admin::{EnginePolicy, POLICY_PATH};
@@ -48,7 +48,7 @@ use crate::server::AdminAuth;
 use crate::server::body::read_limited;
 use crate::server::error::ApiError;
 use crate::tenancy::rate_limit::RateLimiter;
-use crate::tenancy::{CompiledPolicy, Identity, PolicyStore, same_secret};
+use crate::tenancy::{CompiledPolicy, Identity, PolicyStore};
 use dispatch::{DispatchConfig, Dispatcher, Health, Lease, Refusal};
 use forward::{ForwardError, Outbound, forward};
 use metrics::{MetricsObserver, RouterMetrics};
@@ -73,6 +73,8 @@ pub struct RouterConfig {
     pub router_token: Option<String>,
     /// Router replicas sharing the tenants' rate limits: each enforces 1/share.
     pub limit_share: u32,
+    /// An engine silent this long while it has a request has hung (its answer ends).
+    pub stream_idle_timeout: Duration,
     pub initial_policy: EnginePolicy,
     pub endpoints: Vec<RouterEndpoint>,
 }
@@ -259,7 +261,7 @@ fn refusal_outcome(e: &ApiError) -> &'static str {
         ApiError::NewTenantPaused { .. } => "paused",
         ApiError::RateLimited(_) => "rate_limited",
         ApiError::Unauthorized(_) => "unauthorized",
-        ApiError::Internal(_) => "engine_error",
+        ApiError::Internal(_) | ApiError::EngineFailed(_) => "engine_error",
         _ => "bad_request",
     }
 }
@@ -352,6 +354,7 @@ async fn send(
 ) -> Result<(Response, &'static str), ApiError> {
     let outbound = |body: Bytes| Outbound {
         method: reqwest::Method::POST,
+        idle_timeout: app.config.stream_idle_timeout,
         path,
         client_headers: headers,
         identity,
@@ -370,13 +373,13 @@ async fn send(
                 Ok(done) => Ok(done),
                 Err((e, lease)) => {
                     app.dispatch.set_health(lease.engine_id(), Health::Down);
-                    Err(ApiError::Internal(format!("no engine answered: {e:?}")))
+                    Err(ApiError::EngineFailed(format!("no engine answered: {e:?}")))
                 }
             }
         }
         Err((ForwardError::Sent(why), lease)) => {
             tracing::warn!(engine = %lease.name, error = %why, "engine failed after the request was sent");
-            Err(ApiError::Internal(format!(
+            Err(ApiError::EngineFailed(format!(
                 "the engine failed before answering: {why}"
             )))
         }
@@ -405,6 +408,7 @@ async fn models(State(app): State<Arc<RouterState>>) -> Response {
     };
     let o = Outbound {
         method: reqwest::Method::GET,
+        idle_timeout: app.config.stream_idle_timeout,
         path: "/v1/models",
         client_headers: &headers,
         identity: &identity,
@@ -413,22 +417,12 @@ async fn models(State(app): State<Arc<RouterState>>) -> Response {
     };
     match forward(&app.http, lease, o).await {
         Ok((r, _)) => r,
-        Err((e, _)) => ApiError::Internal(format!("{e:?}")).into_response(),
+        Err((e, _)) => ApiError::EngineFailed(format!("{e:?}")).into_response(),
     }
 }
 
 async fn metrics_text(State(app): State<Arc<RouterState>>) -> Response {
-    match app.metrics.encode() {
-        Ok(text) => (
-            [(
-                header::CONTENT_TYPE,
-                "application/openmetrics-text; version=1.0.0; charset=utf-8",
-            )],
-            text,
-        )
-            .into_response(),
-        Err(e) => ApiError::Internal(e.to_string()).into_response(),
-    }
+    crate::server::openmetrics_response(app.metrics.encode())
 }
 
 /// Probes every engine's readiness path, forever.
@@ -454,19 +448,7 @@ async fn probe_loop(app: Arc<RouterState>) {
 }
 
 fn authorize(app: &RouterState, headers: &HeaderMap) -> Result<(), ApiError> {
-    let token = app
-        .admin_token
-        .as_deref()
-        .ok_or(ApiError::AdminUnauthorized)?;
-    let presented = headers
-        .get(header::AUTHORIZATION)
-        .and_then(|v| v.to_str().ok())
-        .and_then(|v| v.strip_prefix("Bearer "))
-        .map(str::trim);
-    match presented {
-        Some(p) if same_secret(p.as_bytes(), token.as_bytes()) => Ok(()),
-        _ => Err(ApiError::AdminUnauthorized),
-    }
+    crate::server::admin::check_bearer(headers, app.admin_token.as_deref())
 }
 
 async fn admin_body(app: &RouterState, request: Request) -> Result<Bytes, ApiError> {

@@ -33,15 +33,10 @@ pub fn router(state: Arc<AppState>) -> Router {
         .with_state(state)
 }
 
-fn constant_time_eq(a: &[u8], b: &[u8]) -> bool {
-    if a.len() != b.len() {
-        return false;
-    }
-    a.iter().zip(b).fold(0u8, |acc, (x, y)| acc | (x ^ y)) == 0
-}
-
-fn authorize(app: &AppState, headers: &HeaderMap) -> Result<(), ApiError> {
-    let Some(token) = app.admin_token.as_deref() else {
+/// Checks `headers` for `Authorization: Bearer <token>` (constant-time compare); the admin
+/// APIs of the engine and of the router both use it.
+pub fn check_bearer(headers: &HeaderMap, token: Option<&str>) -> Result<(), ApiError> {
+    let Some(token) = token else {
         return Err(ApiError::AdminUnauthorized);
     };
     let presented = headers
@@ -50,9 +45,13 @@ fn authorize(app: &AppState, headers: &HeaderMap) -> Result<(), ApiError> {
         .and_then(|v| v.strip_prefix("Bearer "))
         .map(str::trim);
     match presented {
-        Some(p) if constant_time_eq(p.as_bytes(), token.as_bytes()) => Ok(()),
+        Some(p) if crate::tenancy::same_secret(p.as_bytes(), token.as_bytes()) => Ok(()),
         _ => Err(ApiError::AdminUnauthorized),
     }
+}
+
+fn authorize(app: &AppState, headers: &HeaderMap) -> Result<(), ApiError> {
+    check_bearer(headers, app.admin_token.as_deref())
 }
 
 /// Applies a policy: store it and mirror its admission state in the gauge.

@@ -58,6 +58,9 @@ pub enum ApiError {
     AdminUnauthorized,
     #[error("internal error: {0}")]
     Internal(String),
+    /// Router: the engine failed while it had the request (never replayed).
+    #[error("the engine failed while serving the request: {0}")]
+    EngineFailed(String),
 }
 
 impl ApiError {
@@ -87,6 +90,7 @@ impl ApiError {
             ApiError::MethodNotAllowed => "method_not_allowed",
             ApiError::AdminUnauthorized => "unauthorized",
             ApiError::Internal(_) => "internal",
+            ApiError::EngineFailed(_) => "engine_failed",
         }
     }
 
@@ -112,6 +116,7 @@ impl ApiError {
             },
             ApiError::MethodNotAllowed => StatusCode::METHOD_NOT_ALLOWED,
             ApiError::Internal(_) => StatusCode::INTERNAL_SERVER_ERROR,
+            ApiError::EngineFailed(_) => StatusCode::BAD_GATEWAY,
         }
     }
 
@@ -145,6 +150,7 @@ impl ApiError {
             ApiError::NotFound(_) => ("invalid_request_error", "not_found"),
             ApiError::MethodNotAllowed => ("invalid_request_error", "method_not_allowed"),
             ApiError::Internal(_) => ("server_error", "internal_error"),
+            ApiError::EngineFailed(_) => ("server_error", "engine_failed"),
         }
     }
 

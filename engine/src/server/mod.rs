@@ -282,7 +282,12 @@ async fn readyz(State(app): State<Arc<AppState>>) -> Response {
 }
 
 async fn metrics(State(app): State<Arc<AppState>>) -> Response {
-    match app.metrics.encode() {
+    openmetrics_response(app.metrics.encode())
+}
+
+/// A `/metrics` answer: the exposition text as OpenMetrics, or a 500 when it failed.
+pub fn openmetrics_response(encoded: Result<String, std::fmt::Error>) -> Response {
+    match encoded {
         Ok(text) => (
             [(
                 header::CONTENT_TYPE,

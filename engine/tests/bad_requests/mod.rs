@@ -1,7 +1,9 @@
 //! The bad-request corpus: bodies a client may send that must get an OpenAI-shaped 4xx,
 //! never a 5xx, from the engine and from the router in front of it alike. The statuses are
 //! the engine's with `--max-body-bytes 65536` and a 256-token context.
-#![allow(dead_code)]
+#![allow(dead_code, clippy::unwrap_used)]
+
+use serde_json::Value;
 
 pub const CHAT: &str = "/v1/chat/completions";
 pub const COMPLETIONS: &str = "/v1/completions";
@@ -61,4 +63,27 @@ pub fn corpus() -> Vec<(&'static str, Vec<u8>, u16)> {
     (CHAT, br#"{"messages": [{"role": "user", "content": "x"}], "max_completion_tokens": 0}"#.to_vec(), 400),
     ("/v1/nope", b"{}".to_vec(), 404),
 ]
+}
+
+/// Sends every body of the corpus to `base` and checks each answer: the expected status and
+/// an OpenAI-shaped error (`error.message`, `error.type`).
+pub async fn check_corpus(client: &reqwest::Client, base: &str) {
+    for (path, body, want) in corpus() {
+        let resp = client
+            .post(format!("{base}{path}"))
+            .header("content-type", "application/json")
+            .body(body.clone())
+            .send()
+            .await
+            .unwrap();
+        let status = resp.status().as_u16();
+        let shown = String::from_utf8_lossy(&body[..body.len().min(80)]).to_string();
+        let v: Value = resp
+            .json()
+            .await
+            .unwrap_or_else(|e| panic!("{shown}: body is not JSON: {e}"));
+        assert!(v["error"]["message"].is_string(), "{shown}: {v}");
+        assert!(v["error"]["type"].is_string(), "{shown}: {v}");
+        assert_eq!(status, want, "{shown}: {v}");
+    }
 }
