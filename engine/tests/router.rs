@@ -465,7 +465,8 @@ async fn bad_engine(how: Misbehaviour) -> String {
                         }
                         continue;
                     }
-                    let event = "data: {\"choices\":[{\"index\":0,\"delta\":{\"content\":\"hi\"}}]}\n\n";
+                    let event =
+                        "data: {\"choices\":[{\"index\":0,\"delta\":{\"content\":\"hi\"}}]}\n\n";
                     let start = format!(
                         "HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\ntransfer-encoding: chunked\r\n\r\n{:x}\r\n{event}\r\n",
                         event.len()
@@ -519,7 +520,10 @@ async fn an_engine_that_hangs_or_sends_garbage_ends_only_its_own_stream() {
             .unwrap()
             .contains(r#"tidegate_router_endpoints{state="ready"} 1"#)
         {
-            assert!(Instant::now() < deadline, "the bad engine never probed ready");
+            assert!(
+                Instant::now() < deadline,
+                "the bad engine never probed ready"
+            );
             tokio::time::sleep(Duration::from_millis(50)).await;
         }
         let body = json!({"model": "fake", "messages": [{"role": "user", "content": "hi"}], "stream": true});
@@ -535,8 +539,14 @@ async fn an_engine_that_hangs_or_sends_garbage_ends_only_its_own_stream() {
             .await
             .expect("the stream ended")
             .unwrap_or_default();
-        assert!(text.contains("\"hi\""), "the good event came through: {text}");
-        assert!(text.contains("engine_stream_broken"), "ended with an error event: {text}");
+        assert!(
+            text.contains("\"hi\""),
+            "the good event came through: {text}"
+        );
+        assert!(
+            text.contains("engine_stream_broken"),
+            "ended with an error event: {text}"
+        );
         assert!(t0.elapsed() < Duration::from_secs(5));
         // The router itself is fine: it still answers.
         let health = http.get(format!("{base}/healthz")).send().await.unwrap();

@@ -139,7 +139,7 @@ fn assert_same_meaning(what: &str, spec: &InferencePoolSpec, a: &ServeArgs) {
         "{what}: a pool with GPUs serves on CUDA"
     );
     assert!(
-        a.admin_token.is_none(),
+        a.secrets.admin_token.is_none(),
         "{what}: the token never travels as a flag"
     );
 }

@@ -11,14 +11,13 @@ use std::time::Duration;
 use anyhow::Context;
 use clap::Args;
 use tidegate_api::engine_admin::EnginePolicy;
-use tidegate_api::engine_launch::env as launch_env;
-use tidegate_api::router::{RouterEndpoint, env as router_env, flag};
+use tidegate_api::router::{RouterEndpoint, flag};
 use tokio::net::TcpListener;
 
 use super::RouterConfig;
 use super::dispatch::DispatchConfig;
 use crate::server::AdminAuth;
-use crate::server::cli::{LogFormat, admin_auth_from, init_logging};
+use crate::server::cli::{AdminFlags, LogFormat, init_logging};
 
 fn parse_duration(s: &str) -> Result<Duration, String> {
     s.parse::<tidegate_api::Duration>()
@@ -42,19 +41,10 @@ pub struct RouteArgs {
     /// Address of the admin API (policy and endpoint pushes).
     #[arg(long = flag::ADMIN_LISTEN, env = "TIDEGATE_ROUTER_ADMIN_LISTEN", default_value = "0.0.0.0:8001")]
     pub admin_listen: SocketAddr,
-    /// File holding the admin bearer token.
-    #[arg(long, env = "TIDEGATE_ADMIN_TOKEN_FILE")]
-    pub admin_token_file: Option<PathBuf>,
-    /// The admin bearer token itself (prefer the file; this is read from the environment).
-    #[arg(long, env = launch_env::ADMIN_TOKEN, hide_env_values = true)]
-    pub admin_token: Option<String>,
-    /// Run without an admin API (static --endpoint engines and --policy-file only).
-    #[arg(long, env = "TIDEGATE_ADMIN_DISABLED")]
-    pub admin_disabled: bool,
-    /// Shared secret the engines require before they believe the router's identity headers
-    /// (read from the environment). Without it, no identity headers are sent.
-    #[arg(long, env = router_env::ROUTER_TOKEN, hide_env_values = true)]
-    pub router_token: Option<String>,
+    /// The admin API's token (or --admin-disabled, with static --endpoint engines) and the
+    /// router token the engines require before they believe its identity headers.
+    #[command(flatten)]
+    pub secrets: AdminFlags,
     /// An engine's base URL (repeatable), e.g. http://127.0.0.1:8100. In a cluster the
     /// operator pushes the pool's engines instead.
     #[arg(long = flag::ENDPOINT, value_name = "URL")]
@@ -117,11 +107,7 @@ fn static_endpoints(urls: &[String]) -> anyhow::Result<Vec<RouterEndpoint>> {
 }
 
 fn config(args: &RouteArgs) -> anyhow::Result<RouterConfig> {
-    let admin = admin_auth_from(
-        args.admin_disabled,
-        args.admin_token_file.as_deref(),
-        args.admin_token.as_deref(),
-    )?;
+    let admin = args.secrets.admin_auth()?;
     let initial_policy = match &args.policy_file {
         Some(path) => {
             let text = std::fs::read_to_string(path)
@@ -143,12 +129,7 @@ fn config(args: &RouteArgs) -> anyhow::Result<RouterConfig> {
         max_body_bytes: args.max_body_bytes,
         body_read_timeout: Duration::from_secs(30),
         admin,
-        router_token: args
-            .router_token
-            .as_deref()
-            .map(str::trim)
-            .filter(|t| !t.is_empty())
-            .map(str::to_string),
+        router_token: args.secrets.router_token(),
         limit_share: args.limit_share.max(1),
         stream_idle_timeout: args.stream_idle_timeout,
         initial_policy,

@@ -76,19 +76,8 @@ pub struct ServeArgs {
     /// Address of the admin API (policy push, tenants, drain).
     #[arg(long = flag::ADMIN_LISTEN, env = "TIDEGATE_ADMIN_LISTEN", default_value = "0.0.0.0:8001")]
     pub admin_listen: SocketAddr,
-    /// File holding the admin bearer token.
-    #[arg(long, env = "TIDEGATE_ADMIN_TOKEN_FILE")]
-    pub admin_token_file: Option<PathBuf>,
-    /// The admin bearer token itself (prefer the file; this is read from the environment).
-    #[arg(long, env = launch_env::ADMIN_TOKEN, hide_env_values = true)]
-    pub admin_token: Option<String>,
-    /// Run without an admin API (nothing listens on --admin-listen).
-    #[arg(long, env = "TIDEGATE_ADMIN_DISABLED")]
-    pub admin_disabled: bool,
-    /// Shared secret of the pool's router: a request carrying it in the router-token header
-    /// is identified by the router's tenant and tier headers (read from the environment).
-    #[arg(long, env = router_env::ROUTER_TOKEN, hide_env_values = true)]
-    pub router_token: Option<String>,
+    #[command(flatten)]
+    pub secrets: AdminFlags,
     /// JSON file with the policy to use until the operator pushes one (admin API body).
     #[arg(long, env = "TIDEGATE_POLICY_FILE")]
     pub policy_file: Option<PathBuf>,
@@ -200,23 +189,55 @@ pub fn init_logging(format: LogFormat) {
     };
 }
 
-fn admin_auth(args: &ServeArgs) -> anyhow::Result<AdminAuth> {
-    admin_auth_from(
-        args.admin_disabled,
-        args.admin_token_file.as_deref(),
-        args.admin_token.as_deref(),
-    )
+/// The admin token and the router token, as the engine and the router both take them.
+#[derive(Debug, Args)]
+pub struct AdminFlags {
+    /// File holding the admin bearer token.
+    #[arg(long, env = "TIDEGATE_ADMIN_TOKEN_FILE")]
+    pub admin_token_file: Option<PathBuf>,
+    /// The admin bearer token itself (prefer the file; this is read from the environment).
+    #[arg(long, env = launch_env::ADMIN_TOKEN, hide_env_values = true)]
+    pub admin_token: Option<String>,
+    /// Run without an admin API (nothing listens on --admin-listen).
+    #[arg(long, env = "TIDEGATE_ADMIN_DISABLED")]
+    pub admin_disabled: bool,
+    /// The pool router's shared secret (read from the environment): the engine believes the
+    /// router's tenant and tier headers only from a request that carries it, and the router
+    /// sends them only when it has it.
+    #[arg(long, env = router_env::ROUTER_TOKEN, hide_env_values = true)]
+    pub router_token: Option<String>,
 }
 
-/// The admin API's protection from the three admin flags (the engine's and the router's).
-pub fn admin_auth_from(
-    disabled: bool,
+impl AdminFlags {
+    /// The router token, when one is set and not blank.
+    pub fn router_token(&self) -> Option<String> {
+        self.router_token
+            .as_deref()
+            .map(str::trim)
+            .filter(|t| !t.is_empty())
+            .map(str::to_string)
+    }
+
+    /// The admin API's protection: disabled, or the token (refused when missing or empty).
+    pub fn admin_auth(&self) -> anyhow::Result<AdminAuth> {
+        if self.admin_disabled {
+            return Ok(AdminAuth::Disabled);
+        }
+        read_admin_token(
+            self.admin_token_file.as_deref(),
+            self.admin_token.as_deref(),
+        )
+    }
+}
+
+fn admin_auth(args: &ServeArgs) -> anyhow::Result<AdminAuth> {
+    args.secrets.admin_auth()
+}
+
+fn read_admin_token(
     token_file: Option<&std::path::Path>,
     token: Option<&str>,
 ) -> anyhow::Result<AdminAuth> {
-    if disabled {
-        return Ok(AdminAuth::Disabled);
-    }
     let token = match (token_file, token) {
         (Some(path), _) => std::fs::read_to_string(path)
             .with_context(|| format!("reading admin token file {}", path.display()))?,
@@ -380,12 +401,7 @@ async fn serve(args: ServeArgs) -> anyhow::Result<()> {
         drain_grace: args.drain_grace,
         admin,
         initial_policy,
-        router_token: args
-            .router_token
-            .as_deref()
-            .map(str::trim)
-            .filter(|t| !t.is_empty())
-            .map(str::to_string),
+        router_token: args.secrets.router_token(),
     };
     let server = super::start(config, api, admin_listener, engine, metrics)?;
     let drain = Arc::clone(&server.state.drain);

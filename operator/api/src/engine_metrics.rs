@@ -85,6 +85,15 @@ pub const ITL_BUCKETS: &[f64] = &[
 ];
 
 impl Metric {
+    /// The sample series its kind gives the family name (what `series` must spell out).
+    pub fn series_of_kind(&self) -> String {
+        match self.kind {
+            Kind::Counter => format!("{}_total", self.name),
+            Kind::Gauge => self.name.to_string(),
+            Kind::Histogram => format!("{}_bucket", self.name),
+        }
+    }
+
     /// A histogram's `_sum` series (seconds observed in all).
     pub fn sum_series(&self) -> String {
         format!("{}_sum", self.name)
@@ -291,12 +300,7 @@ mod contract_tests {
     #[test]
     fn series_names_follow_the_kind() {
         for m in ALL {
-            let want = match m.kind {
-                Kind::Counter => format!("{}_total", m.name),
-                Kind::Gauge => m.name.to_string(),
-                Kind::Histogram => format!("{}_bucket", m.name),
-            };
-            assert_eq!(m.series, want, "{}", m.name);
+            assert_eq!(m.series, m.series_of_kind(), "{}", m.name);
             assert!(m.name.starts_with("tidegate_engine_"), "{}", m.name);
             assert_eq!(
                 m.kind == Kind::Histogram,
