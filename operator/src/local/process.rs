@@ -2,10 +2,13 @@
 //! started and this one adopted after a restart. An adopted engine is not our child: it is
 //! watched through /proc and signalled with `kill`, and how it exited is not known.
 
+use std::path::Path;
 use std::time::Duration;
 
 use tokio::process::Child;
 use tracing::{info, warn};
+
+use crate::ports::RuntimeError;
 
 /// How a replica's process stands.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -142,6 +145,29 @@ pub fn engine_alive(pid: u32, api_port: u16) -> bool {
     cmdline
         .split(|b| *b == 0)
         .any(|arg| arg.ends_with(listen.as_bytes()))
+}
+
+/// Starts `launch` (an engine or a router) with stdout and stderr in a fresh file at
+/// `log_path`; the child is killed if its handle is dropped.
+pub fn spawn_logged(
+    launch: &super::runtime::LocalCommand,
+    log_path: &Path,
+    what: &str,
+) -> Result<Process, RuntimeError> {
+    let log = std::fs::File::create(log_path)
+        .map_err(|e| RuntimeError(format!("{}: {e}", log_path.display())))?;
+    let err_log = log.try_clone().map_err(|e| RuntimeError(e.to_string()))?;
+    let mut cmd = tokio::process::Command::new(&launch.program);
+    cmd.args(&launch.args)
+        .envs(launch.env.iter().map(|(k, v)| (k, v)))
+        .stdin(std::process::Stdio::null())
+        .stdout(std::process::Stdio::from(log))
+        .stderr(std::process::Stdio::from(err_log))
+        .kill_on_drop(true);
+    let child = cmd
+        .spawn()
+        .map_err(|e| RuntimeError(format!("spawn {what} {}: {e}", launch.program.display())))?;
+    Ok(Process::Child(child))
 }
 
 #[cfg(test)]

@@ -7,17 +7,14 @@
 //! engines: the driver pushes the engine set every tick, as in a cluster.
 
 use std::path::Path;
-use std::process::Stdio;
 
 use tidegate_api::InferencePoolSpec;
 use tidegate_api::engine_launch::env as engine_env;
 use tidegate_api::router::{RouterSite, env as router_env, router_args};
-use tokio::process::Command;
 use tracing::info;
 
-use super::process::Process;
 use super::runtime::LocalCommand;
-use crate::ports::{PoolRef, RuntimeError};
+use crate::ports::PoolRef;
 
 /// The router's process name in logs and the engine book.
 pub fn router_name(pool: &PoolRef) -> String {
@@ -53,28 +50,6 @@ pub fn router_command(
         ],
         kv_disk_dir: None,
     }
-}
-
-/// Starts `launch` with its output appended to `log_path`.
-pub fn spawn_logged(
-    launch: &LocalCommand,
-    log_path: &Path,
-    what: &str,
-) -> Result<Process, RuntimeError> {
-    let log = std::fs::File::create(log_path)
-        .map_err(|e| RuntimeError(format!("{}: {e}", log_path.display())))?;
-    let err_log = log.try_clone().map_err(|e| RuntimeError(e.to_string()))?;
-    let mut cmd = Command::new(&launch.program);
-    cmd.args(&launch.args)
-        .envs(launch.env.iter().map(|(k, v)| (k, v)))
-        .stdin(Stdio::null())
-        .stdout(Stdio::from(log))
-        .stderr(Stdio::from(err_log))
-        .kill_on_drop(true);
-    let child = cmd
-        .spawn()
-        .map_err(|e| RuntimeError(format!("spawn {what} {}: {e}", launch.program.display())))?;
-    Ok(Process::Child(child))
 }
 
 /// Logs a router start.

@@ -16,16 +16,15 @@
 
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
-use std::process::Stdio;
 use std::time::Duration;
 
 use tidegate_api::InferencePoolSpec;
 use tidegate_api::engine_launch::{EnvValue, LaunchSite, READYZ_PATH, engine_launch};
-use tokio::process::Command;
 use tokio::sync::Mutex;
 use tracing::{info, warn};
 
 use super::engine_book::{EngineBook, PoolEntry, ReplicaEntry};
+use super::process::spawn_logged;
 use super::process::{Process, ProcessState};
 use super::router_process;
 use crate::ports::{Endpoint, PoolRef, RuntimeError, WorkloadRuntime, WorkloadState};
@@ -155,12 +154,7 @@ impl LocalRuntime {
         }
         let name = router_process::router_name(pool);
         let (api_port, admin_port) = (free_port()?, free_port()?);
-        std::fs::create_dir_all(&self.cfg.log_dir)
-            .map_err(|e| RuntimeError(format!("log dir: {e}")))?;
-        let log = self
-            .cfg
-            .log_dir
-            .join(format!("{}.{name}.log", pool.namespace));
+        let log = self.log_path(pool, &name)?;
         let launch = router_process::router_command(
             &self.cfg.engine_bin,
             &self.cfg.admin_token,
@@ -168,7 +162,7 @@ impl LocalRuntime {
             api_port,
             admin_port,
         );
-        let process = router_process::spawn_logged(&launch, &log, "router")?;
+        let process = spawn_logged(&launch, &log, "router")?;
         router_process::started(pool, api_port, admin_port, &log);
         p.router = Some(Replica {
             name,
@@ -257,37 +251,30 @@ impl LocalRuntime {
         let name = format!("{}-{index}", pool.name);
         let api_port = free_port()?;
         let admin_port = free_port()?;
-        std::fs::create_dir_all(&self.cfg.log_dir)
-            .map_err(|e| RuntimeError(format!("log dir: {e}")))?;
-        let log_path = self
-            .cfg
-            .log_dir
-            .join(format!("{}.{name}.log", pool.namespace));
-        let log = std::fs::File::create(&log_path)
-            .map_err(|e| RuntimeError(format!("{}: {e}", log_path.display())))?;
-        let err_log = log.try_clone().map_err(|e| RuntimeError(e.to_string()))?;
         let launch = self.engine_command(pool, spec, &name, api_port, admin_port)?;
         if let Some(dir) = &launch.kv_disk_dir {
             std::fs::create_dir_all(dir)
                 .map_err(|e| RuntimeError(format!("{}: {e}", dir.display())))?;
         }
-        let mut cmd = Command::new(&launch.program);
-        cmd.args(&launch.args)
-            .envs(launch.env.iter().map(|(k, v)| (k, v)))
-            .stdin(Stdio::null())
-            .stdout(Stdio::from(log))
-            .stderr(Stdio::from(err_log))
-            .kill_on_drop(true);
-        let child = cmd
-            .spawn()
-            .map_err(|e| RuntimeError(format!("spawn {}: {e}", self.cfg.engine_bin.display())))?;
+        let log_path = self.log_path(pool, &name)?;
+        let process = spawn_logged(&launch, &log_path, "engine")?;
         info!(pool = %pool, replica = %name, api = api_port, admin = admin_port, log = %log_path.display(), "engine started");
         Ok(Replica {
             name,
             api_port,
             admin_port,
-            process: Process::Child(child),
+            process,
         })
+    }
+
+    /// The log file of process `name` of `pool` (its folder created).
+    fn log_path(&self, pool: &PoolRef, name: &str) -> Result<PathBuf, RuntimeError> {
+        std::fs::create_dir_all(&self.cfg.log_dir)
+            .map_err(|e| RuntimeError(format!("log dir: {e}")))?;
+        Ok(self
+            .cfg
+            .log_dir
+            .join(format!("{}.{name}.log", pool.namespace)))
     }
 
     /// Rewrites the file_sd targets of every pool (write then rename: Prometheus never
@@ -309,14 +296,11 @@ impl LocalRuntime {
                 })
             })
             .collect();
-        let tmp = path.with_extension("tmp");
-        let text = serde_json::Value::Array(groups).to_string();
-        if std::fs::write(&tmp, text)
-            .and_then(|_| std::fs::rename(&tmp, path))
-            .is_err()
-        {
-            warn!(path = %path.display(), "could not write Prometheus file_sd targets");
-        }
+        write_whole(
+            path,
+            &serde_json::Value::Array(groups).to_string(),
+            "Prometheus file_sd targets",
+        );
     }
 
     /// Rewrites the routers file (write then rename).
@@ -338,13 +322,11 @@ impl LocalRuntime {
             .collect();
         drop(pools);
         rows.sort_by_key(|r| r.to_string());
-        let tmp = path.with_extension("tmp");
-        if std::fs::write(&tmp, serde_json::Value::Array(rows).to_string())
-            .and_then(|_| std::fs::rename(&tmp, path))
-            .is_err()
-        {
-            warn!(path = %path.display(), "could not write the routers file");
-        }
+        write_whole(
+            path,
+            &serde_json::Value::Array(rows).to_string(),
+            "the routers file",
+        );
     }
 
     /// Rewrites the engine book when what it records changed.
@@ -421,32 +403,8 @@ fn adopt(cfg: &mut LocalRuntimeConfig, book: EngineBook) -> HashMap<PoolRef, Loc
             namespace: entry.namespace,
             name: entry.name,
         };
-        let replicas: Vec<Replica> = entry
-            .replicas
-            .into_iter()
-            .filter(|r| super::process::engine_alive(r.pid, r.api_port))
-            .map(|r| Replica {
-                process: Process::Adopted {
-                    pid: r.pid,
-                    api_port: r.api_port,
-                },
-                name: r.name,
-                api_port: r.api_port,
-                admin_port: r.admin_port,
-            })
-            .collect();
-        let router = entry
-            .router
-            .filter(|r| super::process::engine_alive(r.pid, r.api_port))
-            .map(|r| Replica {
-                process: Process::Adopted {
-                    pid: r.pid,
-                    api_port: r.api_port,
-                },
-                name: r.name,
-                api_port: r.api_port,
-                admin_port: r.admin_port,
-            });
+        let replicas: Vec<Replica> = entry.replicas.into_iter().filter_map(adopt_entry).collect();
+        let router = entry.router.and_then(adopt_entry);
         if replicas.is_empty() && router.is_none() {
             continue;
         }
@@ -472,6 +430,31 @@ fn adopt(cfg: &mut LocalRuntimeConfig, book: EngineBook) -> HashMap<PoolRef, Loc
         cfg.admin_token = book.admin_token;
     }
     pools
+}
+
+/// The process of a book entry, when it still runs (engine or router alike).
+fn adopt_entry(r: ReplicaEntry) -> Option<Replica> {
+    super::process::engine_alive(r.pid, r.api_port).then(|| Replica {
+        process: Process::Adopted {
+            pid: r.pid,
+            api_port: r.api_port,
+        },
+        name: r.name,
+        api_port: r.api_port,
+        admin_port: r.admin_port,
+    })
+}
+
+/// Writes `text` to `path` whole: a temporary file, then a rename, so readers never see a
+/// torn file. A failure is logged (the next observation writes it again).
+fn write_whole(path: &Path, text: &str, what: &str) {
+    let tmp = path.with_extension("tmp");
+    if std::fs::write(&tmp, text)
+        .and_then(|_| std::fs::rename(&tmp, path))
+        .is_err()
+    {
+        warn!(path = %path.display(), "could not write {what}");
+    }
 }
 
 fn replica_entry(r: &Replica) -> Option<ReplicaEntry> {
