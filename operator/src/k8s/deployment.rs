@@ -148,6 +148,20 @@ pub fn contract_env(pool: &str, vars: &[(&'static str, EnvValue)]) -> Vec<EnvVar
         .collect()
 }
 
+/// The preStop hook of engine and router containers: a sleep, so the Service drops the pod
+/// before its process gets SIGTERM.
+pub fn prestop_sleep() -> Lifecycle {
+    Lifecycle {
+        pre_stop: Some(LifecycleHandler {
+            sleep: Some(SleepAction {
+                seconds: PRESTOP_SLEEP_SECONDS,
+            }),
+            ..LifecycleHandler::default()
+        }),
+        ..Lifecycle::default()
+    }
+}
+
 /// Requests = limits: CPU and memory when given, and nvidia.com/gpu when gpus > 0.
 pub fn engine_resources(spec: &InferencePoolSpec) -> ResourceRequirements {
     let r = &spec.engine.resources;
@@ -315,15 +329,7 @@ pub fn pod_template(pool: &str, spec: &InferencePoolSpec) -> Result<PodTemplateS
         )),
         liveness_probe: Some(http_probe(launch::HEALTHZ_PATH, 10, 3)),
         readiness_probe: Some(http_probe(launch::READYZ_PATH, 5, 2)),
-        lifecycle: Some(Lifecycle {
-            pre_stop: Some(LifecycleHandler {
-                sleep: Some(SleepAction {
-                    seconds: PRESTOP_SLEEP_SECONDS,
-                }),
-                ..LifecycleHandler::default()
-            }),
-            ..Lifecycle::default()
-        }),
+        lifecycle: Some(prestop_sleep()),
         security_context: Some(container_security_context()),
         volume_mounts: Some(mounts),
         termination_message_policy: Some("FallbackToLogsOnError".to_string()),

@@ -24,8 +24,8 @@ use k8s_openapi::api::apps::v1::{
     Deployment, DeploymentSpec, DeploymentStrategy, RollingUpdateDeployment,
 };
 use k8s_openapi::api::core::v1::{
-    Container, ContainerPort, Lifecycle, LifecycleHandler, PodSpec, PodTemplateSpec,
-    ResourceRequirements, SleepAction, TopologySpreadConstraint,
+    Container, ContainerPort, PodSpec, PodTemplateSpec, ResourceRequirements,
+    TopologySpreadConstraint,
 };
 use k8s_openapi::api::policy::v1::{PodDisruptionBudget, PodDisruptionBudgetSpec};
 use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
@@ -37,7 +37,7 @@ use tidegate_api::router::{RouterSite, router_args, router_env};
 
 use super::deployment::{
     PRESTOP_SLEEP_SECONDS, container_security_context, contract_env, empty_dir, http_probe, mount,
-    pod_security_context, scrape_annotations,
+    pod_security_context, prestop_sleep, scrape_annotations,
 };
 use super::{
     ROUTER_ADMIN_PORT, ROUTER_HTTP_PORT, router_labels, router_name, router_selector_labels,
@@ -114,15 +114,7 @@ pub fn router_pod_template(pool: &str, spec: &InferencePoolSpec) -> PodTemplateS
         readiness_probe: Some(http_probe(launch::READYZ_PATH, 5, 2)),
         // The Service drops the pod before SIGTERM, so no new request reaches a router
         // that is stopping.
-        lifecycle: Some(Lifecycle {
-            pre_stop: Some(LifecycleHandler {
-                sleep: Some(SleepAction {
-                    seconds: PRESTOP_SLEEP_SECONDS,
-                }),
-                ..LifecycleHandler::default()
-            }),
-            ..Lifecycle::default()
-        }),
+        lifecycle: Some(prestop_sleep()),
         security_context: Some(container_security_context()),
         volume_mounts: Some(vec![mount("tmp", "/tmp", false)]),
         termination_message_policy: Some("FallbackToLogsOnError".to_string()),
