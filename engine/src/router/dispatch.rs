@@ -154,6 +154,18 @@ struct Inner {
     rr: usize,
 }
 
+impl Inner {
+    /// Drops engines that left the pushed set and hold no lease, and re-indexes the ring's
+    /// members (their positions in `engines` may have shifted; the ring itself, built from
+    /// names, does not change).
+    fn prune(&mut self) {
+        self.engines.retain(|e| !e.removed || e.in_flight > 0);
+        self.ring_members = (0..self.engines.len())
+            .filter(|&i| !self.engines[i].removed)
+            .collect();
+    }
+}
+
 /// The shared dispatcher.
 #[derive(Debug)]
 pub struct Dispatcher {
@@ -176,7 +188,6 @@ pub struct Lease {
     engine_id: u64,
     pub name: String,
     pub url: String,
-    pub affinity: Option<Affinity>,
 }
 
 impl Lease {
@@ -254,16 +265,13 @@ impl Dispatcher {
                 });
             }
         }
-        g.engines.retain(|e| !e.removed || e.in_flight > 0);
-        let members: Vec<usize> = (0..g.engines.len())
-            .filter(|&i| !g.engines[i].removed)
-            .collect();
-        let names: Vec<&str> = members
+        g.prune();
+        let names: Vec<&str> = g
+            .ring_members
             .iter()
             .map(|&i| g.engines[i].name.as_str())
             .collect();
         g.ring = Ring::new(&names);
-        g.ring_members = members;
         self.pump(g);
     }
 
@@ -430,21 +438,20 @@ impl Dispatcher {
             engine_id: e.id,
             name: e.name.clone(),
             url: e.url.clone(),
-            affinity,
         })
     }
 
     fn release(self: &Arc<Self>, engine_id: u64) {
         let mut g = self.lock();
+        let mut gone = false;
         if let Some(e) = g.engines.iter_mut().find(|e| e.id == engine_id) {
             e.in_flight = e.in_flight.saturating_sub(1);
+            gone = e.removed && e.in_flight == 0;
         }
-        g.engines.retain(|e| !e.removed || e.in_flight > 0);
-        // Indices may have shifted: the ring's member list is rebuilt from names.
-        let members: Vec<usize> = (0..g.engines.len())
-            .filter(|&i| !g.engines[i].removed)
-            .collect();
-        g.ring_members = members;
+        if gone {
+            // The last lease on an engine that left the pushed set: forget it.
+            g.prune();
+        }
         self.pump(g);
     }
 

@@ -132,7 +132,11 @@ pub async fn forward(
             .and_then(Result::ok)
             .unwrap_or_default();
         drop(lease);
-        (Body::from(bytes.clone()), refusal_outcome(status, &bytes))
+        let code = serde_json::from_slice::<Value>(&bytes)
+            .ok()
+            .and_then(|v| v["error"]["code"].as_str().map(str::to_string))
+            .unwrap_or_default();
+        (Body::from(bytes), refusal_outcome(status, &code))
     };
     let mut response = Response::new(body);
     *response.status_mut() = status;
@@ -140,14 +144,12 @@ pub async fn forward(
     Ok((response, outcome))
 }
 
-/// The router outcome of an engine's non-2xx answer, from its OpenAI error code.
-fn refusal_outcome(status: StatusCode, body: &[u8]) -> &'static str {
-    let code = serde_json::from_slice::<Value>(body)
-        .ok()
-        .and_then(|v| v["error"]["code"].as_str().map(str::to_string))
-        .unwrap_or_default();
-    match code.as_str() {
+/// The router outcome (`tidegate_router_requests_total`) of a refusal, from its status and
+/// OpenAI error code: the engine's answer or the router's own.
+pub fn refusal_outcome(status: StatusCode, code: &str) -> &'static str {
+    match code {
         "queue_full" => "queue_full",
+        "no_ready_engine" => "hold_timeout",
         "queue_timeout" => "queue_timeout",
         "new_tenant_admission_paused" => "paused",
         "rate_limit_exceeded" => "rate_limited",

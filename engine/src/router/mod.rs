@@ -244,26 +244,13 @@ async fn route(app: Arc<RouterState>, path: &'static str, request: Request) -> R
     let (response, outcome) = match admit_and_forward(&app, path, request, &mut tier).await {
         Ok(done) => done,
         Err(e) => {
-            let outcome = refusal_outcome(&e);
+            let outcome = forward::refusal_outcome(e.status(), e.code());
             tracing::info!(status = e.status().as_u16(), reason = outcome, %tier, error = %e, "request refused at the router");
             (e.into_response(), outcome)
         }
     };
     app.metrics.outcome(&tier, outcome);
     response
-}
-
-fn refusal_outcome(e: &ApiError) -> &'static str {
-    match e {
-        ApiError::Submit(SubmitError::QueueFull { .. }) => "queue_full",
-        ApiError::Submit(SubmitError::QueueTimeout { .. }) => "queue_timeout",
-        ApiError::NoReadyEngine { .. } => "hold_timeout",
-        ApiError::NewTenantPaused { .. } => "paused",
-        ApiError::RateLimited(_) => "rate_limited",
-        ApiError::Unauthorized(_) => "unauthorized",
-        ApiError::Internal(_) | ApiError::EngineFailed(_) => "engine_error",
-        _ => "bad_request",
-    }
 }
 
 /// This router's share of a tier's limits (each of `share` routers enforces 1/share).

@@ -121,6 +121,11 @@ impl ApiError {
     }
 
     /// OpenAI `type` and `code`.
+    /// The OpenAI error `code` this error is answered with.
+    pub fn code(&self) -> &'static str {
+        self.kind().1
+    }
+
     fn kind(&self) -> (&'static str, &'static str) {
         match self {
             ApiError::InvalidRequest { .. } => ("invalid_request_error", "invalid_request"),
