@@ -9,10 +9,24 @@ use super::*;
 fn stand_in(api_port: u16) -> std::process::Child {
     // Two commands, so the shell stays (a lone `sleep` would be exec'd, and the command line
     // with the port in it would be gone by the time the runtime reads it).
-    std::process::Command::new("sh")
+    let child = std::process::Command::new("sh")
         .args(["-c", "sleep 60; exit 0", &format!("127.0.0.1:{api_port}")])
         .spawn()
-        .expect("spawn sh")
+        .expect("spawn sh");
+    // Until the child has exec'd, its /proc command line is still this test binary's, and
+    // the runtime rightly refuses to adopt it: wait for the exec before a book names it.
+    let cmdline = format!("/proc/{}/cmdline", child.id());
+    let port = api_port.to_string();
+    for _ in 0..500 {
+        let exec_done = std::fs::read(&cmdline)
+            .map(|c| String::from_utf8_lossy(&c).contains(&port))
+            .unwrap_or(true);
+        if exec_done {
+            break;
+        }
+        std::thread::sleep(std::time::Duration::from_millis(10));
+    }
+    child
 }
 
 fn config(book: &Path) -> LocalRuntimeConfig {
