@@ -247,9 +247,14 @@ check_converges() {
 
 wait_for "an engine comes up and the pool becomes Ready" 120 bash -c "[ \"\$(kubectl -n $NS get inferencepool $POOL -o jsonpath='{.status.conditions[?(@.type==\"Ready\")].status}')\" = True ] && [ \"\$(kubectl -n $NS get inferencepool $POOL -o jsonpath='{.status.readyReplicas}')\" -ge 1 ]"
 
-# --- Load from several tenants and tiers; existing tenants first.
+# --- Load from several tenants and tiers; existing tenants first. The tiny model steps in
+# about a millisecond, so how much of the load is in the pool at once is set by how long a
+# request stays there against the client's own time between requests. At 32 tokens a request
+# only ~10 of the 48 users were in the pool at once: 0.92-0.95 of the ceiling's capacity, a hair
+# over pauseThreshold 0.9, and under it on a slower machine (no pause; a CI failure). At 96
+# tokens it is over twice the ceiling's capacity.
 python3 e2e/load.py run --targets "$TARGETS" --routers "$ROUTERS" --out "$WORK/load.json" --users 48 --base-users 9 \
-    --tokens 32 --duration 400 --ramp-start 6 --ramp-step 0.2 --stop-file "$WORK/stop-load" \
+    --tokens 96 --duration 400 --ramp-start 6 --ramp-step 0.2 --stop-file "$WORK/stop-load" \
     --errors-out "$WORK/load-errors.txt" &
 LOAD_PID=$!
 PIDS+=("$LOAD_PID")
