@@ -11,6 +11,8 @@ pub mod types {
     pub const SCALING: &str = "Scaling";
     /// The pool is at its ceiling (max replicas or GPU budget) and still over its SLO.
     pub const CAPACITY_EXHAUSTED: &str = "CapacityExhausted";
+    /// Every resource a pod requests is one its engine uses (no GPUs requested and idle).
+    pub const RESOURCES_USED: &str = "ResourcesUsed";
 }
 
 /// Condition reasons (CamelCase, as Kubernetes expects).
@@ -42,6 +44,10 @@ pub mod reasons {
     pub const SCALING_UP_OVER_SLO: &str = "ScalingUpOverSLO";
     pub const HAS_HEADROOM: &str = "HasHeadroom";
     pub const AT_CEILING_WITHIN_SLO: &str = "AtCeilingWithinSLO";
+    // ResourcesUsed
+    pub const ALL_RESOURCES_USED: &str = "AllResourcesUsed";
+    /// A pod requests more GPUs than the engine serves on (the message says how many idle).
+    pub const GPUS_IDLE: &str = "GPUsIdle";
     // TierPolicy Ready
     pub const ACCEPTED: &str = "Accepted";
     pub const INVALID: &str = "Invalid";

@@ -85,6 +85,16 @@ pub enum EnvValue {
     AdminToken,
 }
 
+/// GPUs one engine process serves on: `--device cuda` is device 0 (no tensor parallelism
+/// yet). A pod given more requests GPUs that sit idle; the planner says so in the pool's
+/// ResourcesUsed condition.
+pub const ENGINE_GPUS_PER_POD: i32 = 1;
+
+/// GPUs per pod that `engine.resources.gpus` requests and the engine does not use.
+pub fn idle_gpus_per_pod(gpus: i32) -> i32 {
+    (gpus - ENGINE_GPUS_PER_POD).max(0)
+}
+
 /// The engine's command line (starting with the subcommand) and environment.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct EngineLaunch {
@@ -188,7 +198,8 @@ pub fn engine_launch(
         a.flag(flag::KV_DISK_DIR, dir);
     }
     if e.resources.gpus > 0 {
-        // A pod given GPUs serves on them (the engine's default runner there is candle).
+        // A pod given GPUs serves on them (the engine's default runner there is candle), on
+        // ENGINE_GPUS_PER_POD of them.
         a.flag(flag::DEVICE, "cuda");
     }
     a.flag(flag::DRAIN_GRACE, whole_seconds(&e.drain_grace_period));

@@ -48,7 +48,7 @@ pub struct InferencePoolStatus {
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     #[schemars(length(max = 10))]
     pub recent_decisions: Vec<ScalingDecision>,
-    /// Ready, MetricsAvailable, Scaling, CapacityExhausted.
+    /// Ready, MetricsAvailable, Scaling, CapacityExhausted, ResourcesUsed.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     #[schemars(extend("x-kubernetes-list-type" = "map", "x-kubernetes-list-map-keys" = ["type"]))]
     pub conditions: Vec<Condition>,

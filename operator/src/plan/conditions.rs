@@ -5,6 +5,7 @@
 
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, Time};
 use tidegate_api::conditions::{reasons, status, types};
+use tidegate_api::engine_launch::{ENGINE_GPUS_PER_POD, idle_gpus_per_pod};
 use tidegate_api::{AdmissionState, InferencePoolSpec, ScalingMode};
 
 use super::{
@@ -40,6 +41,7 @@ pub(super) fn build(i: &Inputs<'_>) -> Vec<ConditionPlan> {
         metrics_available(i),
         scaling(i),
         capacity_exhausted(i),
+        resources_used(i.spec),
     ]
 }
 
@@ -208,6 +210,42 @@ fn capacity_exhausted(i: &Inputs<'_>) -> ConditionPlan {
     };
     ConditionPlan {
         type_: types::CAPACITY_EXHAUSTED,
+        status: st,
+        reason,
+        message,
+    }
+}
+
+/// ResourcesUsed: False when a pod requests GPUs its engine does not serve on, so a pool
+/// that asks for 4 per pod says it wastes 3 instead of wasting them silently.
+fn resources_used(spec: &InferencePoolSpec) -> ConditionPlan {
+    let gpus = spec.engine.resources.gpus;
+    let idle = idle_gpus_per_pod(gpus);
+    let (st, reason, message) = if idle > 0 {
+        let pool = idle * spec.replicas.max;
+        (
+            status::FALSE,
+            reasons::GPUS_IDLE,
+            format!(
+                "engine.resources.gpus is {gpus}, but the engine serves on {ENGINE_GPUS_PER_POD} GPU per pod (no tensor parallelism): {idle} GPU(s) of every pod are requested and idle, up to {pool} at replicas.max {}; set engine.resources.gpus to {ENGINE_GPUS_PER_POD}",
+                spec.replicas.max
+            ),
+        )
+    } else if gpus == 0 {
+        (
+            status::TRUE,
+            reasons::ALL_RESOURCES_USED,
+            "no GPUs requested: the engine serves on the CPU".to_string(),
+        )
+    } else {
+        (
+            status::TRUE,
+            reasons::ALL_RESOURCES_USED,
+            format!("the engine serves on the pod's {gpus} GPU"),
+        )
+    };
+    ConditionPlan {
+        type_: types::RESOURCES_USED,
         status: st,
         reason,
         message,

@@ -544,6 +544,7 @@ pub const PLANNED_CONDITIONS: &[&str] = &[
     types::METRICS_AVAILABLE,
     types::SCALING,
     types::CAPACITY_EXHAUSTED,
+    types::RESOURCES_USED,
 ];
 
 /// Reason used when the referenced TierPolicy does not exist.

@@ -803,3 +803,32 @@ fn held_requests_scale_an_empty_pool_from_zero_and_nothing_else_does() {
     let d = p.decision.expect("a decision");
     assert!(d.reason.contains("scaling from zero"), "{}", d.reason);
 }
+
+#[test]
+fn a_pool_asking_more_gpus_per_pod_than_the_engine_uses_says_so() {
+    let condition = |gpus: i32| {
+        let mut s = spec(1, 10);
+        s.engine.resources.gpus = gpus;
+        let mut pool = Pool::new(s);
+        let p = pool.tick(100.0);
+        p.conditions
+            .iter()
+            .find(|c| c.type_ == types::RESOURCES_USED)
+            .cloned()
+            .expect("ResourcesUsed planned")
+    };
+    let c = condition(4);
+    assert_eq!((c.status, c.reason), ("False", reasons::GPUS_IDLE));
+    assert!(
+        c.message.contains("gpus is 4")
+            && c.message.contains("3 GPU(s) of every pod")
+            && c.message.contains("up to 30 at replicas.max 10")
+            && c.message.contains("set engine.resources.gpus to 1"),
+        "{}",
+        c.message
+    );
+    for gpus in [0, 1] {
+        let c = condition(gpus);
+        assert_eq!((c.status, c.reason), ("True", reasons::ALL_RESOURCES_USED));
+    }
+}
