@@ -316,6 +316,12 @@ async fn a_request_is_held_until_the_first_engine_is_ready() {
         assert!(Instant::now() < deadline, "the request was not held");
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
+    // The admin view the operator plans on: held (scale from zero), not queued for room.
+    let view = r.endpoints().await;
+    assert_eq!(
+        (view["held"].as_u64(), view["queued"].as_u64()),
+        (Some(1), Some(0))
+    );
     // The operator scales 0 → 1 and pushes the new engine.
     let a = engine(1).await;
     let push = RouterEndpoints {

@@ -99,6 +99,7 @@ pub fn run(args: &BenchPlanArgs) -> anyhow::Result<()> {
                     sampled_at: now,
                 }),
                 held_requests: 0,
+                router_queued: 0,
             };
             let t0 = Instant::now();
             let p = plan::plan(&specs[i], tiers.as_ref(), &obs, &mut states[i]);

@@ -151,7 +151,7 @@ impl<W: WorkloadRuntime, M: MetricsSource, E: EngineControl, R: RegistryStore> D
 
         let workload = self.runtime.observe(pool).await?;
         let token = self.runtime.admin_token(pool).await.unwrap_or_default();
-        let held_requests = self
+        let at_routers = self
             .push_endpoints(pool, &workload, &token, &mem.actions.draining)
             .await;
         let metrics = self
@@ -163,7 +163,8 @@ impl<W: WorkloadRuntime, M: MetricsSource, E: EngineControl, R: RegistryStore> D
             current_replicas: workload.replicas.unwrap_or(0),
             ready_replicas: workload.ready_replicas,
             metrics,
-            held_requests,
+            held_requests: at_routers.held,
+            router_queued: at_routers.queued,
         };
         let plan = plan::plan(spec, input.tiers, &obs, &mut mem.plan);
         info!(pool = %pool, decision = %plan.explanation, "plan");
@@ -336,21 +337,24 @@ impl<W: WorkloadRuntime, M: MetricsSource, E: EngineControl, R: RegistryStore> D
         workload: &WorkloadState,
         token: &str,
         draining: &BTreeMap<String, Millis>,
-    ) -> u64 {
+    ) -> AtRouters {
         let set = decide::router_endpoints(workload, |name| draining.contains_key(name));
-        let mut held = 0;
+        let mut at = AtRouters::default();
         for router in &workload.routers {
             match self.control.push_endpoints(router, token, &set).await {
-                Ok(view) => held += view.held,
+                Ok(view) => {
+                    at.held += view.held;
+                    at.queued += view.queued;
+                }
                 Err(e) => {
                     warn!(pool = %pool, error = %e, "endpoint push to a router failed; retrying next tick")
                 }
             }
         }
-        if held > 0 {
-            info!(pool = %pool, held, engines = set.endpoints.len(), "requests held at the routers for want of a ready engine");
+        if at.held > 0 {
+            info!(pool = %pool, held = at.held, engines = set.endpoints.len(), "requests held at the routers for want of a ready engine");
         }
-        held
+        at
     }
 
     /// Pushes the policy to every ready engine and router; true when every push succeeded.
@@ -371,6 +375,15 @@ impl<W: WorkloadRuntime, M: MetricsSource, E: EngineControl, R: RegistryStore> D
         }
         ok
     }
+}
+
+/// Requests the pool's routers answered an endpoint push with, summed over routers.
+#[derive(Clone, Copy, Debug, Default)]
+struct AtRouters {
+    /// Held for want of a ready engine (scale from zero).
+    held: u64,
+    /// Waiting for an engine with room.
+    queued: u64,
 }
 
 /// Rebuilds planner memory from the status an earlier operator wrote (restart loses nothing

@@ -299,7 +299,8 @@ impl Dispatcher {
             .collect()
     }
 
-    pub fn view(&self) -> (Vec<EngineView>, usize) {
+    /// The engines, and the requests held (no ready engine) and queued (no room) here.
+    pub fn view(&self) -> (Vec<EngineView>, usize, usize) {
         let g = self.lock();
         let engines = g
             .engines
@@ -312,7 +313,8 @@ impl Dispatcher {
                 in_flight: e.in_flight,
             })
             .collect();
-        (engines, g.queue.held())
+        let held = g.queue.held();
+        (engines, held, g.queue.len() - held)
     }
 
     /// A lease on an engine for a request of `priority`, waiting at most `wait` for room

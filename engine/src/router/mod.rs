@@ -490,7 +490,7 @@ async fn get_endpoints(
 }
 
 fn endpoints_view(app: &RouterState) -> Json<EndpointsView> {
-    let (engines, held) = app.dispatch.view();
+    let (engines, held, queued) = app.dispatch.view();
     Json(EndpointsView {
         endpoints: engines
             .into_iter()
@@ -502,5 +502,6 @@ fn endpoints_view(app: &RouterState) -> Json<EndpointsView> {
             })
             .collect(),
         held: held as u64,
+        queued: queued as u64,
     })
 }

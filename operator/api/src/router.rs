@@ -107,6 +107,10 @@ pub struct EndpointsView {
     pub endpoints: Vec<EndpointView>,
     /// Requests held because no engine is ready.
     pub held: u64,
+    /// Requests waiting at the router for an engine with room (held ones not included):
+    /// demand the engines' own queue gauges do not show once every engine is full.
+    #[serde(default)]
+    pub queued: u64,
 }
 
 /// States of an engine at the router (`endpoints` gauge label).

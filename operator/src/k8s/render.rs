@@ -72,6 +72,7 @@ pub fn first_replicas(spec: &InferencePoolSpec) -> i32 {
         ready_replicas: 0,
         metrics: Err(MetricsProblem::NoData("not applied yet".to_string())),
         held_requests: 0,
+        router_queued: 0,
     };
     plan::plan(spec, None, &obs, &mut PlanState::default()).replicas
 }

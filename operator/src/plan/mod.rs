@@ -83,6 +83,9 @@ pub struct Observation {
     pub metrics: Result<PoolMetrics, MetricsProblem>,
     /// Requests the pool's routers hold because no engine is ready (scale from zero).
     pub held_requests: u64,
+    /// Requests waiting at the pool's routers for an engine with room: backlog the engines'
+    /// queue gauges do not show once every engine is full, counted with theirs.
+    pub router_queued: u64,
 }
 
 /// Everything the planner remembers between ticks for one pool.
@@ -229,7 +232,7 @@ pub fn plan(
     // Measure: learn capacity, compute demand and utilization.
     let measured = metrics.as_ref().ok().map(|m| {
         state.pod_model.observe(spec, &m.step_samples);
-        measure(spec, m, &state.pod_model, obs.ready_replicas)
+        measure(spec, m, &state.pod_model, obs)
     });
 
     // Decide replicas.
@@ -483,12 +486,13 @@ fn measure(
     spec: &InferencePoolSpec,
     m: &PoolMetrics,
     model: &PodModel,
-    ready: i32,
+    obs: &Observation,
 ) -> MeasuredPlan {
     let r = spec.slo.tokens_per_second_per_session;
     let at = model.at_slo(spec);
-    let serving = ready.max(m.pods_reporting).max(1);
-    let demand = Demand::of(m, at.line, serving);
+    let serving = obs.ready_replicas.max(m.pods_reporting).max(1);
+    let mut demand = Demand::of(m, at.line, serving);
+    demand.waiting += obs.router_queued as f64;
     let sessions = demand.sessions(true);
     MeasuredPlan {
         decode_tokens_per_second: m.decode_tokens_per_second,

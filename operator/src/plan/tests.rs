@@ -110,6 +110,7 @@ impl Pool {
             ready_replicas: self.replicas,
             metrics: self.metrics(sessions),
             held_requests: 0,
+            router_queued: 0,
         };
         let plan = super::plan(&self.spec, Some(&self.tiers), &obs, &mut self.state);
         self.replicas = plan.replicas;
@@ -127,6 +128,7 @@ impl Pool {
             ready_replicas: ready,
             metrics: self.metrics(sessions),
             held_requests: 0,
+            router_queued: 0,
         };
         super::plan(&self.spec, Some(&self.tiers), &obs, &mut self.state)
     }
@@ -226,6 +228,7 @@ fn the_queue_wait_raise_waits_for_replicas_already_starting() {
                 ..queued()
             }),
             held_requests: 0,
+            router_queued: 0,
         };
         super::plan(&pool.spec, Some(&pool.tiers), &obs, &mut pool.state)
     };
@@ -261,6 +264,7 @@ fn ticks_over_target(pool: &mut Pool, current: i32, ready: i32, ticks: u32) -> V
                     ..PoolMetrics::default()
                 }),
                 held_requests: 0,
+                router_queued: 0,
             };
             super::plan(&pool.spec, Some(&pool.tiers), &obs, &mut pool.state)
         })
@@ -750,6 +754,7 @@ fn stale_metrics_are_treated_as_missing() {
             ..Default::default()
         }),
         held_requests: 0,
+        router_queued: 0,
     };
     let p = super::plan(&pool.spec, Some(&pool.tiers), &obs, &mut pool.state);
     assert_eq!(p.replicas, before);
@@ -772,6 +777,7 @@ fn a_new_pool_s_first_replicas_are_explained_as_the_floor() {
             "no engine replicas to scrape".into(),
         )),
         held_requests: 0,
+        router_queued: 0,
     };
     let p = super::plan(&spec(2, 5), Some(&tiers()), &obs, &mut state);
     assert_eq!(p.desired_replicas, 2);
@@ -793,6 +799,7 @@ fn held_requests_scale_an_empty_pool_from_zero_and_nothing_else_does() {
             "no engine replicas to scrape".into(),
         )),
         held_requests: held,
+        router_queued: 0,
     };
     let mut state = PlanState::default();
     let idle = super::plan(&spec(0, 5), Some(&tiers()), &obs(0), &mut state);
@@ -831,4 +838,40 @@ fn a_pool_asking_more_gpus_per_pod_than_the_engine_uses_says_so() {
         let c = condition(gpus);
         assert_eq!((c.status, c.reason), ("True", reasons::ALL_RESOURCES_USED));
     }
+}
+
+#[test]
+fn requests_queued_at_the_routers_count_as_backlog_once_the_engines_are_full() {
+    let mut pool = Pool::new(spec(1, 20));
+    pool.replicas = 4;
+    // Warm the pod model on a load that fills the engines' batches and nothing more.
+    let full = 4.0 * (POD_CAPACITY / R).min(f64::from(pool.spec.engine.max_batch_size));
+    for _ in 0..10 {
+        pool.tick(full);
+        pool.replicas = 4;
+    }
+    let decide = |router_queued: u64| {
+        let mut state = pool.state.clone();
+        let obs = Observation {
+            now: pool.now + TICK,
+            current_replicas: 4,
+            ready_replicas: 4,
+            metrics: pool.metrics(full),
+            held_requests: 0,
+            router_queued,
+        };
+        let plan = super::plan(&pool.spec, Some(&pool.tiers), &obs, &mut state);
+        let utilization = plan.measured.as_ref().expect("measured").utilization;
+        (plan.replicas, utilization)
+    };
+    let (quiet, quiet_util) = decide(0);
+    let (queued, queued_util) = decide(200);
+    assert!(
+        queued > quiet,
+        "{queued} replicas with 200 queued at the routers, {quiet} without"
+    );
+    assert!(
+        queued_util > quiet_util + 1.0,
+        "{queued_util} vs {quiet_util}"
+    );
 }
