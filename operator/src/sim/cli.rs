@@ -34,6 +34,9 @@ pub struct Args {
     /// The HPA baselines' utilization target (sensitivity: compare at equal attainment).
     #[arg(long, default_value_t = 0.7)]
     pub hpa_target_utilization: f64,
+    /// Batch occupancy both oracles hold (sensitivity: the oracle-now bound at an attainment).
+    #[arg(long, default_value_t = 0.95)]
+    pub oracle_occupancy: f64,
     /// Worker threads (one run per policy each).
     #[arg(long, default_value_t = 2)]
     pub threads: usize,
@@ -61,7 +64,14 @@ pub fn simulate(args: &Args) -> anyhow::Result<()> {
             args.hpa_target_utilization
         );
     }
+    if !(0.1..=1.0).contains(&args.oracle_occupancy) {
+        anyhow::bail!(
+            "--oracle-occupancy must be in [0.1, 1], got {}",
+            args.oracle_occupancy
+        );
+    }
     let mut cfg = SimConfig::new(args.seed, args.scale);
+    cfg.baselines.oracle_occupancy = args.oracle_occupancy;
     cfg.target_utilization = args.target_utilization;
     cfg.pause_while_scaling = args.pause_while_scaling;
     cfg.baselines.hpa_target_utilization = args.hpa_target_utilization;

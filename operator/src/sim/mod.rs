@@ -221,7 +221,9 @@ hpa-*: Kubernetes HPA algorithm and default behaviour (15s sync, 10% tolerance, 
 per sync, down to the highest recommendation of 300s; starting pods count as 0 when scaling up), \
 target {hpa:.0}% of GPU utilization (decode tokens/s ÷ T per pod) or of KV/batch occupancy (running ÷ \
 max batch). keda-queue: HPA on sum(num_requests_waiting) with AverageValue {keda} per pod. \
-oracle: the trace's expected rate 7 min ahead, {oracle:.0}% batch occupancy, no stabilization.",
+oracle: the trace's expected rate 7 min ahead, {oracle:.0}% batch occupancy, no stabilization; \
+oracle-now: the same without foresight (the expected rate now, no scrape or window delay), the \
+bound for any policy that reacts to the present.",
         tidegate = cfg.target_utilization,
         pws = cfg.pause_while_scaling,
         keda = cfg.baselines.keda_waiting_per_pod,

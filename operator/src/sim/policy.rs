@@ -36,15 +36,20 @@ pub enum PolicyKind {
     /// KEDA on queue length (num_requests_waiting per pod).
     Keda,
     Oracle,
+    /// The oracle without foresight: the trace's expected rate now, with no scrape or rate
+    /// window delay. No policy that reacts to the present can do better at its occupancy:
+    /// the bound for what a reactive planner can reach.
+    OracleNow,
 }
 
 impl PolicyKind {
-    pub const ALL: [PolicyKind; 5] = [
+    pub const ALL: [PolicyKind; 6] = [
         PolicyKind::Tidegate,
         PolicyKind::HpaGpu,
         PolicyKind::HpaKv,
         PolicyKind::Keda,
         PolicyKind::Oracle,
+        PolicyKind::OracleNow,
     ];
 
     pub fn name(self) -> &'static str {
@@ -54,6 +59,7 @@ impl PolicyKind {
             PolicyKind::HpaKv => "hpa-kv-util",
             PolicyKind::Keda => "keda-queue",
             PolicyKind::Oracle => "oracle",
+            PolicyKind::OracleNow => "oracle-now",
         }
     }
 }
@@ -243,9 +249,13 @@ impl Controller {
                 b.hpa_target_utilization,
             ),
             PolicyKind::Keda => hpa(HpaMetric::QueueLength, b.keda_waiting_per_pod),
-            PolicyKind::Oracle => Controller::Oracle {
+            PolicyKind::Oracle | PolicyKind::OracleNow => Controller::Oracle {
                 occupancy: b.oracle_occupancy,
-                horizon_s: startup_max_s,
+                horizon_s: if kind == PolicyKind::Oracle {
+                    startup_max_s
+                } else {
+                    0.0
+                },
                 max_batch: f64::from(pool.model.max_batch),
             },
         }
@@ -261,6 +271,7 @@ impl Controller {
                     ready_replicas: ctx.pool.ready(),
                     metrics: ctx.pipeline.query(ctx.pool, ctx.now_us),
                     held_requests: 0,
+                    router_queued: 0,
                 };
                 let p = plan::plan(spec, Some(tiers), &obs, state);
                 let mut paused = [false; NTIERS];

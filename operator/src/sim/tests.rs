@@ -185,3 +185,24 @@ fn pods_held_at_080_of_the_hpa_count_cannot_carry_the_tidal_bursts() {
     assert!(attained(&base) >= 0.9999, "{base:?}");
     assert!(attained(&lean) < 0.99, "{lean:?}");
 }
+
+#[test]
+fn the_oracle_orders_ahead_of_the_flash_and_oracle_now_only_at_it() {
+    let cfg = SimConfig::new(5, 0.02);
+    let trace = Trace::new(TraceKind::Flash, cfg.scale, cfg.seed);
+    let step = trace.step_at.expect("the flash has a step") as f64;
+    let at = |out: &RunOutput, t: f64| {
+        out.timeline
+            .iter()
+            .rfind(|p| p.t_s <= t)
+            .map(|p| p.current)
+            .expect("a point before t")
+    };
+    let oracle = run_one(TraceKind::Flash, PolicyKind::Oracle, &cfg);
+    let now = run_one(TraceKind::Flash, PolicyKind::OracleNow, &cfg);
+    // Seven minutes of foresight: the oracle has ordered for the flash before it starts.
+    assert!(at(&oracle, step - 30.0) > at(&oracle, step - 900.0));
+    // Without it, nothing moves before the step, and the count rises after it.
+    assert_eq!(at(&now, step - 30.0), at(&now, step - 900.0));
+    assert!(at(&now, step + 120.0) > at(&now, step - 30.0));
+}
