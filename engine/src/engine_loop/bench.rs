@@ -347,12 +347,22 @@ fn print_text(r: &Value) {
         r["device"].as_str().unwrap_or("?")
     );
     println!(
-        "copy bandwidth {:.1} GB/s, read {:.1} GB/s; batch-1 roofline {:.1} tok/s ({} weight bytes/token, weights {})",
+        "model {}; weights {}, {} weight bytes/token",
+        r["model"].as_str().unwrap_or("?"),
+        r["weights"].as_str().unwrap_or("?"),
+        r["weight_bytes_per_token"],
+    );
+    if r["copy_bandwidth_gb_s"].is_null() {
+        println!(
+            "bandwidth, FMA peak and roofline: host probes, not run for a GPU \
+             (scripts/gpu-bench.sh measures the device's)"
+        );
+    }
+    println!(
+        "copy bandwidth {:.1} GB/s, read {:.1} GB/s; batch-1 roofline {:.1} tok/s",
         f(&r["copy_bandwidth_gb_s"]),
         f(&r["read_bandwidth_gb_s"]),
         f(&r["batch1_roofline_tokens_per_s"]),
-        r["weight_bytes_per_token"],
-        r["weights"].as_str().unwrap_or("?")
     );
     println!(
         "FMA peak {:.1} GFLOP/s over all threads; compute ceiling {:.1} tok/s = {:.2}x the batch-1 roofline",
