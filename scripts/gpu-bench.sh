@@ -7,7 +7,7 @@
 #                                    strips it into dist/gpu-bench/ and prints its size
 #   scripts/gpu-bench.sh             on the GPU machine (no Rust toolchain, no network):
 #                                    runs that binary; carry the repository's scripts/ and
-#                                    dist/gpu-bench/ there (about 40 MB)
+#                                    dist/gpu-bench/ there (about 56 MiB stripped)
 #
 # The run mode, made for one H200 and under 8 minutes:
 #   1. prints the GPU, driver and CUDA versions (nvidia-smi) and refuses a driver < 580;
