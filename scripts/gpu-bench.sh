@@ -7,7 +7,7 @@
 #                                    strips it into dist/gpu-bench/ and prints its size
 #   scripts/gpu-bench.sh             on the GPU machine (no Rust toolchain, no network):
 #                                    runs that binary; carry the repository's scripts/ and
-#                                    dist/gpu-bench/ there (about 40 MB)
+#                                    dist/gpu-bench/ there (about 56 MiB stripped)
 #
 # The run mode, made for one H200 and under 8 minutes:
 #   1. prints the GPU, driver and CUDA versions (nvidia-smi) and refuses a driver < 580;
@@ -23,14 +23,18 @@
 #      roofline: measured bandwidth / weight bytes read per decode token (bf16 weights; the
 #      KV cache's few MB per step at these lengths are left out).
 #
-# Engine flags it expects (`tidegate-engine bench --help`; it checks them before running):
-#   --device cuda --runner candle              the device runner on the GPU
-#   --random-config FILE                       random bf16 weights of the shapes in FILE (a
+# The engine command it runs (bench_args below, the one definition; every option in it is
+# checked against `tidegate-engine bench --help` before anything runs):
+#   bench --device cuda --runner candle        the candle device runner on the GPU
+#         --random-config FILE                 random bf16 weights of the shapes in FILE (a
 #                                              Hugging Face config.json), made on the device
-#                                              (no weight files, random prompt tokens)
-#   --concurrency --prompt-tokens --output-tokens --rounds --history --kv-blocks
-#   --max-batch-tokens --json                  as today
-# Set TIDEGATE_BENCH_RANDOM_FLAG if the random-weights option got another name.
+#                                              (no weight files, random prompt token ids)
+#         --concurrency --prompt-tokens --output-tokens --rounds --history --kv-blocks
+#         --max-batch-tokens --json            the levels; one JSON object on stdout, of which
+#                                              it reads levels[].concurrency,
+#                                              steady_decode_tokens_per_s, ttft_p50_s, itl_p50_s
+# The engine's own bandwidth and roofline figures are the host's and are null on cuda; the
+# roofline here comes from the measured device bandwidth.
 #
 # Usage: scripts/gpu-bench.sh --build [--out DIR]
 #        scripts/gpu-bench.sh [--bin PATH] [--layers-8b N] [--only 1b|8b] [--quick]
@@ -49,7 +53,6 @@ layers_8b=8
 only=""
 quick=0
 mode=run
-random_flag="${TIDEGATE_BENCH_RANDOM_FLAG:---random-config}"
 max_bytes=$((64 << 20))
 min_driver=580
 
@@ -198,13 +201,27 @@ PY
 read -r copy_gb traffic_gb <"$work/bw"
 echo "copy ${copy_gb} GB/s (bytes copied), HBM traffic ${traffic_gb} GB/s (read + write): the roofline uses the traffic figure"
 
+if [[ "$quick" == 1 ]]; then
+  levels=1,8,64 out_tokens=32 rounds=1
+else
+  levels=1,8,32,64,128 out_tokens=128 rounds=2
+fi
+
+# The engine's command line for one config file, one argument a line.
+bench_args() { # config-file
+  printf '%s\n' bench --device cuda --runner candle --random-config "$1" \
+    --concurrency "$levels" --prompt-tokens 32 --output-tokens "$out_tokens" --rounds "$rounds" \
+    --history 0 --kv-blocks 4096 --max-batch-tokens 2048 --json
+}
+
 say "engine flags"
 help=$("$bin" bench --help) || die "$bin bench --help failed (is libcuda.so.1 from the driver loadable?)"
-for flag in --device --runner "$random_flag" --concurrency --output-tokens --json; do
-  grep -q -- "$flag" <<<"$help" \
-    || die "this engine's bench has no $flag (the script expects the flags in its header; see --help)"
+mapfile -t wanted < <(bench_args FILE | grep -- '^--')
+for flag in "${wanted[@]}"; do
+  grep -qE -- "(^|[[:space:],])$flag([[:space:]=,]|$)" <<<"$help" \
+    || die "this engine's bench has no $flag (an older binary? rebuild with --build)"
 done
-echo "bench has --device, --runner and $random_flag"
+echo "bench has ${wanted[*]}"
 
 # Hugging Face config.json shapes (weights are random; only the shapes matter).
 write_config() { # name layers tied hidden inter heads kv
@@ -219,18 +236,11 @@ EOF
 write_config llama-3.2-1b 16 true 2048 8192 32 8
 write_config "llama-3.1-8b-${layers_8b}l" "$layers_8b" false 4096 14336 32 8
 
-if [[ "$quick" == 1 ]]; then
-  levels=1,8,64 out_tokens=32 rounds=1
-else
-  levels=1,8,32,64,128 out_tokens=128 rounds=2
-fi
-
 bench_one() { # config-name
   local name="$1" t0=$SECONDS
   say "bench $name: --device cuda --runner candle, concurrency $levels, $out_tokens output tokens"
-  if ! timeout 200 "$bin" bench --device cuda --runner candle "$random_flag" "$work/$name.json" \
-    --concurrency "$levels" --prompt-tokens 32 --output-tokens "$out_tokens" --rounds "$rounds" \
-    --history 0 --kv-blocks 4096 --max-batch-tokens 2048 --json >"$work/$name.out" 2>"$work/$name.err"; then
+  mapfile -t args < <(bench_args "$work/$name.json")
+  if ! timeout 200 "$bin" "${args[@]}" >"$work/$name.out" 2>"$work/$name.err"; then
     tail -20 "$work/$name.err" >&2
     echo "gpu-bench: $name failed or ran past 200 s (output above)" >&2
     return 1

@@ -51,7 +51,9 @@ pub struct KvSize {
 #[error("KV pool sizing: {0}")]
 pub struct KvSizingError(String);
 
-struct Mib(u64);
+/// A byte count shown in MiB (errors and logs of memory figures).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Mib(pub u64);
 
 impl fmt::Display for Mib {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
@@ -135,6 +137,38 @@ pub fn size_device_kv_pool(
         fraction,
         req.block_bytes,
     )
+}
+
+/// Whether `weight_bytes` of weights and a pool of `blocks × block_bytes` fit in `free`
+/// bytes of device memory; if not, an error with what is needed against what is free. A pool
+/// sized from a fraction ≤ 1 always fits; an explicit `--kv-blocks` (or the default count)
+/// may not, and on a GPU it must fail here, at start, not as a failed allocation later.
+pub fn check_device_fit(
+    free: u64,
+    weight_bytes: u64,
+    blocks: usize,
+    block_bytes: usize,
+) -> Result<(), KvSizingError> {
+    if weight_bytes > free {
+        return Err(KvSizingError(format!(
+            "the weights need {} of GPU memory but only {} is free",
+            Mib(weight_bytes),
+            Mib(free)
+        )));
+    }
+    let pool = (blocks as u64).saturating_mul(block_bytes as u64);
+    let needed = weight_bytes.saturating_add(pool);
+    if needed > free {
+        return Err(KvSizingError(format!(
+            "weights {} + KV pool {blocks} blocks × {block_bytes} bytes = {} need {} of GPU \
+             memory but only {} is free; pass fewer --kv-blocks or a --kv-memory-fraction",
+            Mib(weight_bytes),
+            Mib(pool),
+            Mib(needed),
+            Mib(free)
+        )));
+    }
+    Ok(())
 }
 
 /// `fraction × room` in whole blocks, or why there is no room for one.
@@ -285,5 +319,26 @@ mod tests {
         assert!(size_device_kv_pool(&r, 100 * MIB, 200 * MIB).is_err());
         let explicit = size_device_kv_pool(&req(Some(7), Some(0.5), 0), 0, 0).expect("size");
         assert_eq!(explicit.blocks, 7);
+    }
+
+    #[test]
+    fn a_gpu_pool_or_weights_that_do_not_fit_name_the_bytes() {
+        assert!(check_device_fit(1000 * MIB, 200 * MIB, 800, MIB as usize).is_ok());
+        let e = check_device_fit(1000 * MIB, 200 * MIB, 801, MIB as usize).expect_err("pool");
+        let text = e.to_string();
+        for part in [
+            "weights 200.0 MiB",
+            "801 blocks",
+            "1001.0 MiB",
+            "1000.0 MiB is free",
+        ] {
+            assert!(text.contains(part), "{part:?} in {text}");
+        }
+        let e = check_device_fit(100 * MIB, 200 * MIB, 1, 1).expect_err("weights");
+        assert!(
+            e.to_string()
+                .contains("weights need 200.0 MiB of GPU memory but only 100.0 MiB"),
+            "{e}"
+        );
     }
 }

@@ -1,6 +1,7 @@
 //! The real binary: `serve --fake-model` refuses to start without an admin token, a device
-//! this build cannot use is refused at once, and a drain through the admin API ends the
-//! process with exit code 0.
+//! this build cannot use is refused at once, a drain through the admin API ends the
+//! process with exit code 0, and `bench --random-config` runs random weights of a config's
+//! shapes through the candle runner and the engine loop (or names what is wrong with it).
 
 // Test helpers outside #[test] functions: unwrap is the point here.
 #![allow(clippy::unwrap_used)]
@@ -53,6 +54,96 @@ fn refuses_a_device_or_runner_it_cannot_use_before_loading_anything() {
     }
     let err = serve(&["--device", "tpu"]);
     assert!(err.contains("expected cpu, cuda or cuda:N"), "{err}");
+}
+
+const TINY_CONFIG: &str = r#"{"architectures": ["LlamaForCausalLM"], "model_type": "llama",
+ "hidden_size": 64, "intermediate_size": 128, "num_hidden_layers": 2,
+ "num_attention_heads": 4, "num_key_value_heads": 2, "vocab_size": 512,
+ "rms_norm_eps": 1e-05, "rope_theta": 500000.0, "max_position_embeddings": 2048,
+ "tie_word_embeddings": false}"#;
+
+/// `bench --device cpu --runner candle --random-config FILE` with small levels.
+fn random_bench(config: &str) -> std::process::Output {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("tiny.json");
+    std::fs::write(&path, config).unwrap();
+    Command::new(BIN)
+        .args([
+            "bench",
+            "--device",
+            "cpu",
+            "--runner",
+            "candle",
+            "--random-config",
+        ])
+        .arg(&path)
+        .args([
+            "--concurrency",
+            "1,4",
+            "--prompt-tokens",
+            "8",
+            "--output-tokens",
+            "8",
+        ])
+        .args([
+            "--rounds",
+            "1",
+            "--history",
+            "0",
+            "--kv-blocks",
+            "64",
+            "--threads",
+            "2",
+        ])
+        .arg("--json")
+        .output()
+        .unwrap()
+}
+
+#[test]
+fn bench_runs_random_weights_of_a_config_through_the_candle_runner() {
+    let out = random_bench(TINY_CONFIG);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{stderr}");
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    // The figures are the last line, one JSON object (as scripts/gpu-bench.sh reads them).
+    let last = stdout.lines().rfind(|l| l.starts_with('{')).unwrap();
+    let report: serde_json::Value = serde_json::from_str(last).unwrap();
+    assert_eq!(report["runner"], "candle");
+    assert_eq!(report["device"], "cpu");
+    assert!(
+        report["weights"].as_str().unwrap().contains("f32 random"),
+        "{report}"
+    );
+    let levels = report["levels"].as_array().unwrap();
+    assert_eq!(levels.len(), 2, "{report}");
+    for (l, c) in levels.iter().zip([1, 4]) {
+        assert_eq!(l["concurrency"], c);
+        for key in ["steady_decode_tokens_per_s", "ttft_p50_s", "itl_p50_s"] {
+            assert!(l[key].as_f64().unwrap() > 0.0, "{key} in {l}");
+        }
+    }
+    eprintln!("{last}");
+}
+
+#[test]
+fn bench_names_the_field_a_random_config_lacks_or_gets_wrong() {
+    let fails = |config: &str| {
+        let out = random_bench(config);
+        assert!(!out.status.success(), "{config}");
+        String::from_utf8_lossy(&out.stderr).into_owned()
+    };
+    let err = fails(&TINY_CONFIG.replace(r#""num_attention_heads": 4, "#, ""));
+    assert!(err.contains("--random-config"), "{err}");
+    assert!(err.contains("missing field `num_attention_heads`"), "{err}");
+    let err = fails(&TINY_CONFIG.replace(r#""hidden_size": 64"#, r#""hidden_size": "64""#));
+    assert!(err.contains("field hidden_size: invalid type"), "{err}");
+    let err =
+        fails(&TINY_CONFIG.replace(r#""num_key_value_heads": 2"#, r#""num_key_value_heads": 3"#));
+    assert!(
+        err.contains("not divisible by num_key_value_heads 3"),
+        "{err}"
+    );
 }
 
 #[tokio::test]

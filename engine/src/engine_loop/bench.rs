@@ -12,7 +12,7 @@
 
 use std::path::PathBuf;
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Instant;
 
 use anyhow::Context;
 use serde_json::{Value, json};
@@ -20,10 +20,13 @@ use serde_json::{Value, json};
 use super::bench_client::{Timing, one, percentile, prompt, request, steady_decode_rate};
 use super::{LoopConfig, LoopEngine, LoopModel, bench_session, soak};
 use crate::backend::Engine;
-use crate::bench_model::{measure_bandwidth, roofline_tokens_per_s};
+use crate::bench_model::{Bandwidth, measure_bandwidth, roofline_tokens_per_s};
 use crate::kernels::peak::fma_peak_flops;
+use crate::kv_sizing::check_device_fit;
 use crate::metrics::{Metrics, resident_memory_bytes};
-use crate::model::ModelFiles;
+use crate::model::{LlamaConfig, ModelFiles};
+use crate::runner::candle::{CandleRunner, device_weight_bytes};
+use crate::runner::select::{candle_dtype, device_memory};
 use crate::runner::{DeviceChoice, Placement, RunnerChoice, WeightChoice};
 
 /// Options of `tidegate-engine bench`.
@@ -75,9 +78,101 @@ pub struct BenchArgs {
     /// Where the model runs (as `serve --device`): cpu, cuda or cuda:N.
     #[arg(long, default_value = "cpu")]
     pub device: DeviceChoice,
-    /// Which runner (as `serve --runner`; default packed on cpu, candle on cuda).
+    /// Which runner (as `serve --runner`; default packed on cpu, candle on cuda and with
+    /// --random-config).
     #[arg(long, value_enum)]
     pub runner: Option<RunnerChoice>,
+    /// Instead of --model: random weights with the shapes of this Hugging Face config.json,
+    /// made on the device (bf16 on cuda, f32 on cpu) through the candle runner. No weight
+    /// files and no tokenizer (the prompts are token ids); figures compare with a loaded
+    /// model's of the same shapes.
+    #[arg(long, value_name = "FILE")]
+    pub random_config: Option<PathBuf>,
+}
+
+/// What the bench runs: the model, its config (shapes, vocabulary) and what to call it.
+struct BenchModel {
+    model: LoopModel,
+    config: LlamaConfig,
+    name: String,
+}
+
+impl BenchArgs {
+    /// The placement: `--random-config` defaults the runner to candle (it has no host
+    /// weights to pack), and refuses packed.
+    fn placement(&self) -> anyhow::Result<Placement> {
+        let random = self.random_config.is_some();
+        let runner = self.runner.or(random.then_some(RunnerChoice::Candle));
+        let placement = Placement::resolve(self.device, runner)?;
+        if random && placement.runner != RunnerChoice::Candle {
+            anyhow::bail!(
+                "--random-config makes its weights on the device through the candle runner; \
+                 use --runner candle (packed needs weight files)"
+            );
+        }
+        if random && self.weights != WeightChoice::AsFile {
+            anyhow::bail!(
+                "--random-config serves bf16 on cuda and f32 on cpu; drop --weights {:?}",
+                self.weights
+            );
+        }
+        Ok(placement)
+    }
+
+    /// Loads `--model`, or describes the random one of `--random-config`.
+    fn model(&self, placement: Placement) -> anyhow::Result<BenchModel> {
+        let Some(path) = &self.random_config else {
+            let files = ModelFiles::load(&self.model)
+                .with_context(|| format!("loading {}", self.model.display()))?;
+            let config = files.config.clone();
+            return Ok(BenchModel {
+                model: LoopModel::for_files(files, placement, self.weights)?,
+                config,
+                name: self.model.display().to_string(),
+            });
+        };
+        let text = std::fs::read_to_string(path)
+            .with_context(|| format!("reading --random-config {}", path.display()))?;
+        let config = LlamaConfig::from_json(&text)
+            .with_context(|| format!("--random-config {}", path.display()))?;
+        Ok(BenchModel {
+            model: LoopModel::candle_random(config.clone(), placement.device)?,
+            config,
+            name: format!("random weights, shapes of {}", path.display()),
+        })
+    }
+}
+
+/// On a GPU, weights and the pool must fit in its free memory: refused here with the bytes,
+/// not as a failed allocation on the engine's thread.
+fn check_fits(config: &LlamaConfig, placement: Placement, args: &BenchArgs) -> anyhow::Result<()> {
+    if placement.runner != RunnerChoice::Candle {
+        return Ok(());
+    }
+    if let Some((free, _total)) = device_memory(placement.device)? {
+        let dtype = candle_dtype(placement.device);
+        let block_bytes =
+            CandleRunner::block_bytes_for(config, LoopConfig::default().kv_block_tokens, dtype);
+        let weights = device_weight_bytes(config, dtype);
+        check_device_fit(free, weights, args.kv_blocks.max(1), block_bytes)?;
+    }
+    Ok(())
+}
+
+/// Host figures (copy and read bandwidth, FMA peak) where the model runs on the host; on a
+/// GPU they would describe the wrong memory, so they are left out (NaN, `null` in JSON) and
+/// the GPU's are measured outside (`scripts/gpu-bench.sh`).
+fn machine_figures(placement: Placement) -> (Bandwidth, f64) {
+    match placement.device {
+        DeviceChoice::Cpu => (measure_bandwidth(), fma_peak_flops()),
+        DeviceChoice::Cuda(_) => (
+            Bandwidth {
+                read: f64::NAN,
+                copy: f64::NAN,
+            },
+            f64::NAN,
+        ),
+    }
 }
 
 /// Runs the benchmark and prints the figures.
@@ -87,14 +182,16 @@ pub fn run(args: &BenchArgs) -> anyhow::Result<()> {
             .num_threads(t.max(1))
             .build_global();
     }
-    let placement = Placement::resolve(args.device, args.runner)?;
+    let placement = args.placement()?;
     let rss_start = resident_memory_bytes().unwrap_or(0);
-    let bw = measure_bandwidth();
-    let peak = fma_peak_flops();
-    let files = ModelFiles::load(&args.model)
-        .with_context(|| format!("loading {}", args.model.display()))?;
-    let vocab = files.config.vocab_size;
-    let model = LoopModel::for_files(files, placement, args.weights)?;
+    let (bw, peak) = machine_figures(placement);
+    let BenchModel {
+        model,
+        config: model_config,
+        name,
+    } = args.model(placement)?;
+    check_fits(&model_config, placement, args)?;
+    let vocab = model_config.vocab_size;
     let served = model.weights.clone();
     let bytes_per_token = served.bytes_per_token;
     let roofline = roofline_tokens_per_s(bw.read, bytes_per_token);
@@ -115,17 +212,19 @@ pub fn run(args: &BenchArgs) -> anyhow::Result<()> {
     };
     let metrics = Metrics::new();
     let engine: Arc<dyn Engine> = LoopEngine::start_model(model, config, Arc::clone(&metrics))?;
-    while !engine.is_ready() {
-        std::thread::sleep(Duration::from_millis(20));
-    }
     let rt = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(1)
         .enable_all()
         .build()?;
     engine.set_tier_policy(&levels_policy()?);
     let (mut levels, session, soaked) = rt.block_on(async {
+        // The warm-up also waits for the runner: the loop answers it once the runner is
+        // built, or refuses it with the reason the runner failed to build (polling
+        // `is_ready` would wait forever on a runner that never builds).
         let warm = request("warmup".into(), prompt(8, 0, vocab), 4, None, "default");
-        one(Arc::clone(&engine), warm).await?;
+        one(Arc::clone(&engine), warm)
+            .await
+            .context("the engine did not start")?;
         let mut levels = Vec::new();
         for (i, &c) in args.concurrency.iter().enumerate() {
             let mut best: Option<Value> = None;
@@ -172,7 +271,7 @@ pub fn run(args: &BenchArgs) -> anyhow::Result<()> {
         .find(|l| l["concurrency"] == 1)
         .and_then(|l| l["steady_decode_tokens_per_s"].as_f64());
     let report = json!({
-        "model": args.model.display().to_string(),
+        "model": name,
         "prompt_tokens": args.prompt_tokens,
         "output_tokens": args.output_tokens,
         "rounds": args.rounds.max(1),
@@ -248,12 +347,22 @@ fn print_text(r: &Value) {
         r["device"].as_str().unwrap_or("?")
     );
     println!(
-        "copy bandwidth {:.1} GB/s, read {:.1} GB/s; batch-1 roofline {:.1} tok/s ({} weight bytes/token, weights {})",
+        "model {}; weights {}, {} weight bytes/token",
+        r["model"].as_str().unwrap_or("?"),
+        r["weights"].as_str().unwrap_or("?"),
+        r["weight_bytes_per_token"],
+    );
+    if r["copy_bandwidth_gb_s"].is_null() {
+        println!(
+            "bandwidth, FMA peak and roofline: host probes, not run for a GPU \
+             (scripts/gpu-bench.sh measures the device's)"
+        );
+    }
+    println!(
+        "copy bandwidth {:.1} GB/s, read {:.1} GB/s; batch-1 roofline {:.1} tok/s",
         f(&r["copy_bandwidth_gb_s"]),
         f(&r["read_bandwidth_gb_s"]),
         f(&r["batch1_roofline_tokens_per_s"]),
-        r["weight_bytes_per_token"],
-        r["weights"].as_str().unwrap_or("?")
     );
     println!(
         "FMA peak {:.1} GFLOP/s over all threads; compute ceiling {:.1} tok/s = {:.2}x the batch-1 roofline",

@@ -37,11 +37,16 @@ pub(super) fn percentile(v: &mut [f64], p: f64) -> f64 {
 }
 
 /// `n` deterministic token ids, distinct per `salt`, clear of the special tokens at the
-/// bottom of the vocabulary.
+/// bottom of the vocabulary (and of the top's added tokens) when the vocabulary is large
+/// enough to leave them out; a tiny one (a random test config) is used whole.
 pub(super) fn prompt(n: usize, salt: usize, vocab: usize) -> Vec<u32> {
-    let span = vocab.saturating_sub(300).max(1);
+    let (first, span) = if vocab > 400 {
+        (200, vocab - 300)
+    } else {
+        (0, vocab.max(1))
+    };
     (0..n.max(1))
-        .map(|i| (200 + (i * 7919 + salt * 104_729) % span) as u32)
+        .map(|i| (first + (i * 7919 + salt * 104_729) % span) as u32)
         .collect()
 }
 
@@ -132,6 +137,15 @@ mod tests {
         let rate = steady_decode_rate(&[a, b]).unwrap();
         // Tokens in (100, 300]: a@200, a@300, b@200, b@300 = 4 in 0.2 s.
         assert!((rate - 20.0).abs() < 1e-6, "{rate}");
+    }
+
+    #[test]
+    fn prompts_stay_inside_any_vocabulary() {
+        for vocab in [1, 64, 400, 401, 49_152, 128_256] {
+            let p = prompt(64, 3, vocab);
+            assert!(p.iter().all(|&t| (t as usize) < vocab), "vocab {vocab}");
+        }
+        assert!(prompt(64, 3, 128_256).iter().all(|&t| t >= 200));
     }
 
     #[test]

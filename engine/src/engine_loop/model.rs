@@ -7,7 +7,7 @@
 //! refused here, before the owner thread starts.
 
 use crate::error::{Error, Result};
-use crate::model::{ModelFiles, Tokenizer};
+use crate::model::{LlamaConfig, ModelFiles, Tokenizer};
 use crate::runner::candle::{CandleRunner, weight_count_for};
 use crate::runner::echo::{EchoConfig, EchoRunner, echo_tokenizer};
 use crate::runner::select::candle_dtype;
@@ -93,6 +93,29 @@ impl LoopModel {
             },
             build: Box::new(move |rc| {
                 let runner = CandleRunner::new(&files, rc, device)?;
+                Ok(Box::new(runner) as Box<dyn ModelRunner>)
+            }),
+        })
+    }
+
+    /// The candle device runner on random weights of `config`'s shapes, made on `device`
+    /// (`bench --random-config`). There is no tokenizer: the byte-level one of the echo
+    /// runner stands in so the loop can stream text, which a bench that sends token ids and
+    /// ignores EOS never reads.
+    pub fn candle_random(config: LlamaConfig, device: DeviceChoice) -> Result<Self> {
+        config.validate()?;
+        let dtype = candle_dtype(device);
+        let count = weight_count_for(&config);
+        Ok(LoopModel {
+            tokenizer: echo_tokenizer()?,
+            max_position_embeddings: config.max_position_embeddings,
+            weights: ServedWeights {
+                label: format!("{} random (candle, {device})", dtype.as_str()),
+                bytes_per_token: count * dtype.size_in_bytes(),
+                weight_count: count,
+            },
+            build: Box::new(move |rc| {
+                let runner = CandleRunner::random(&config, rc, device)?;
                 Ok(Box::new(runner) as Box<dyn ModelRunner>)
             }),
         })

@@ -63,10 +63,19 @@ impl LlamaConfig {
         self.hidden_size / self.num_attention_heads
     }
 
-    /// Parses a Hugging Face `config.json` body.
+    /// Parses a Hugging Face `config.json` body; an error names the field it failed on
+    /// (serde's own message says "invalid type" without saying where).
     pub fn from_json(text: &str) -> Result<Self> {
-        let cfg: LlamaConfig =
-            serde_json::from_str(text).map_err(|e| Error::Config(format!("config.json: {e}")))?;
+        let mut de = serde_json::Deserializer::from_str(text);
+        let cfg: LlamaConfig = serde_path_to_error::deserialize(&mut de).map_err(|e| {
+            let at = e.path().to_string();
+            let inner = e.into_inner();
+            if at.is_empty() || at == "." {
+                Error::Config(format!("config.json: {inner}"))
+            } else {
+                Error::Config(format!("config.json: field {at}: {inner}"))
+            }
+        })?;
         cfg.validate()?;
         Ok(cfg)
     }
@@ -89,8 +98,13 @@ impl LlamaConfig {
         if !self.head_dim().is_multiple_of(2) {
             return Err(Error::Config("head_dim must be even for RoPE".into()));
         }
-        if self.num_hidden_layers == 0 || self.vocab_size == 0 || self.intermediate_size == 0 {
-            return Err(Error::Config("empty model dimensions".into()));
+        let sizes = [
+            ("num_hidden_layers", self.num_hidden_layers),
+            ("vocab_size", self.vocab_size),
+            ("intermediate_size", self.intermediate_size),
+        ];
+        if let Some((name, _)) = sizes.iter().find(|(_, n)| *n == 0) {
+            return Err(Error::Config(format!("{name} must be > 0")));
         }
         Ok(())
     }
@@ -106,5 +120,40 @@ impl LlamaConfig {
             self.vocab_size * h
         };
         self.vocab_size * h + self.num_hidden_layers * layer + h + head
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const TINY: &str = r#"{"hidden_size": 64, "intermediate_size": 128, "num_hidden_layers": 2,
+        "num_attention_heads": 4, "num_key_value_heads": 2, "vocab_size": 512}"#;
+
+    fn err(text: &str) -> String {
+        match LlamaConfig::from_json(text) {
+            Ok(c) => panic!("accepted {c:?}"),
+            Err(e) => e.to_string(),
+        }
+    }
+
+    #[test]
+    fn a_bad_config_names_the_field() {
+        let ok = LlamaConfig::from_json(TINY).expect("tiny config");
+        assert_eq!((ok.kv_heads(), ok.head_dim()), (2, 16));
+        let missing = err(r#"{"hidden_size": 64, "intermediate_size": 128}"#);
+        assert!(
+            missing.contains("missing field `num_hidden_layers`"),
+            "{missing}"
+        );
+        let bad = err(&TINY.replace("\"hidden_size\": 64", "\"hidden_size\": \"wide\""));
+        assert!(bad.contains("field hidden_size: invalid type"), "{bad}");
+        let zero = err(&TINY.replace("\"vocab_size\": 512", "\"vocab_size\": 0"));
+        assert!(zero.contains("vocab_size must be > 0"), "{zero}");
+        let heads = err(&TINY.replace("\"num_attention_heads\": 4", "\"num_attention_heads\": 5"));
+        assert!(
+            heads.contains("not divisible by num_attention_heads 5"),
+            "{heads}"
+        );
     }
 }

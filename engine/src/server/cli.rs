@@ -21,10 +21,12 @@ use tokio::net::TcpListener;
 use super::{AdminAuth, ServerConfig};
 use crate::backend::Engine;
 use crate::engine_loop::{LoopConfig, LoopEngine};
-use crate::kv_sizing::{KvRequest, KvSize, read_memory_facts, size_device_kv_pool, size_kv_pool};
+use crate::kv_sizing::{
+    KvRequest, KvSize, check_device_fit, read_memory_facts, size_device_kv_pool, size_kv_pool,
+};
 use crate::metrics::Metrics;
 use crate::model::{ModelFiles, ModelFormat};
-use crate::runner::candle::{CandleRunner, weight_count_for};
+use crate::runner::candle::{CandleRunner, device_weight_bytes};
 use crate::runner::echo::EchoConfig;
 use crate::runner::select::{candle_dtype, device_memory};
 use crate::runner::{DeviceChoice, PackedRunner, Placement, RunnerChoice, WeightChoice};
@@ -351,11 +353,12 @@ fn kv_pool_size(args: &ServeArgs, files: &ModelFiles, at: Placement) -> anyhow::
         host_offload_bytes: quantity_bytes(&args.kv_host_offload) as u64,
     };
     if let Some((free, _total)) = device_memory(at.device)? {
-        // The weights go up after this; the embedding is counted once more (tied or not).
-        let cfg = &files.config;
-        let count = weight_count_for(cfg) + cfg.vocab_size * cfg.hidden_size;
-        let weights = (count * dtype.size_in_bytes()) as u64;
-        return Ok(size_device_kv_pool(&request, free, weights)?);
+        // The weights go up after this: size from what they will leave, and refuse at once
+        // a pool (or weights) that would not fit.
+        let weights = device_weight_bytes(&files.config, dtype);
+        let size = size_device_kv_pool(&request, free, weights)?;
+        check_device_fit(free, weights, size.blocks, block_bytes)?;
+        return Ok(size);
     }
     let limit = args.memory_limit.as_ref().and_then(Quantity::to_bytes);
     Ok(size_kv_pool(&request, &read_memory_facts(limit))?)

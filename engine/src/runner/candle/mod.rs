@@ -21,7 +21,8 @@ use candle_core::{D, DType, Device, Tensor};
 use super::select::{DeviceChoice, candle_dtype, open_device};
 use super::{ModelRunner, RunnerConfig, SeqChunk, StepLogits, validate_batch};
 use crate::block_io::{BlockIo, BlockIoError};
-use crate::error::Result;
+use crate::error::{Error, Result};
+use crate::kv_sizing::Mib;
 use crate::model::{LlamaConfig, ModelFiles, Weights};
 use attention::{AttnPlan, Heads};
 use kv_pool::{DeviceKv, PoolShape};
@@ -67,8 +68,46 @@ impl CandleRunner {
     ) -> Result<Self> {
         rc.check()?;
         let model = DeviceModel::load(w, cfg, dtype, device)?;
+        Self::with_model(model, cfg, rc, device, dtype)
+    }
+
+    /// Random weights of `cfg`'s shapes made on `device` in its dtype (`bench
+    /// --random-config`): the same forward pass and pool as a loaded model, no files.
+    pub fn random(cfg: &LlamaConfig, rc: RunnerConfig, device: DeviceChoice) -> Result<Self> {
+        rc.check()?;
+        cfg.validate()?;
+        let dtype = candle_dtype(device);
+        let at = device;
+        let device = open_device(device)?;
+        let model = DeviceModel::random(cfg, dtype, &device).map_err(|e| {
+            Error::Placement(format!(
+                "making random weights on {at} ({} in {}): {e}",
+                Mib(device_weight_bytes(cfg, dtype)),
+                dtype.as_str()
+            ))
+        })?;
+        Self::with_model(model, cfg, rc, &device, dtype)
+    }
+
+    fn with_model(
+        model: DeviceModel,
+        cfg: &LlamaConfig,
+        rc: RunnerConfig,
+        device: &Device,
+        dtype: DType,
+    ) -> Result<Self> {
         let shape = Self::pool_shape(cfg, rc);
-        let kv = DeviceKv::new(shape, dtype, device)?;
+        // A pool that does not fit fails here, at start; say how much it asked for.
+        let kv = DeviceKv::new(shape, dtype, device).map_err(|e| {
+            Error::Placement(format!(
+                "allocating the KV pool on the device: {} blocks x {} bytes = {} \
+                 (weights already hold {}): {e}",
+                rc.num_blocks,
+                shape.block_bytes(dtype),
+                Mib((rc.num_blocks * shape.block_bytes(dtype)) as u64),
+                Mib(model.weight_bytes() as u64),
+            ))
+        })?;
         Ok(CandleRunner {
             cfg: cfg.clone(),
             device: device.clone(),
@@ -225,6 +264,21 @@ pub fn weight_count_for(cfg: &LlamaConfig) -> usize {
     cfg.num_hidden_layers * layer + cfg.vocab_size * h
 }
 
+/// Bytes the weights of `cfg` take on the device in `dtype`, before they are loaded (to
+/// check that they and the KV pool fit): every matrix in `dtype` (the LM head shares the
+/// embedding when tied), the norms in f32.
+pub fn device_weight_bytes(cfg: &LlamaConfig, dtype: DType) -> u64 {
+    let h = cfg.hidden_size;
+    let embed = if cfg.tie_word_embeddings {
+        0
+    } else {
+        cfg.vocab_size * h
+    };
+    let matrices = (weight_count_for(cfg) + embed) * dtype.size_in_bytes();
+    let norms = (2 * cfg.num_hidden_layers + 1) * h * DType::F32.size_in_bytes();
+    (matrices + norms) as u64
+}
+
 /// Half-split RoPE on `[T, heads, hd]` with per-row tables `[T, 1, hd]`.
 fn apply_rope(x: &Tensor, cos: &Tensor, sin: &Tensor) -> Result<Tensor> {
     let hd = x.dim(2)?;
@@ -268,5 +322,40 @@ impl BlockIo for CandleRunner {
     }
     fn copy_block(&mut self, src: u32, dst: u32) -> std::result::Result<(), BlockIoError> {
         self.kv.copy_block(src, dst)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)]
+    use super::*;
+
+    #[test]
+    fn random_weights_run_and_their_bytes_are_known_before_loading() {
+        let cfg = LlamaConfig::from_json(
+            r#"{"hidden_size": 64, "intermediate_size": 96, "num_hidden_layers": 2,
+                "num_attention_heads": 4, "num_key_value_heads": 2, "vocab_size": 300}"#,
+        )
+        .unwrap();
+        let rc = RunnerConfig {
+            block_size: 4,
+            num_blocks: 8,
+        };
+        let mut runner = CandleRunner::random(&cfg, rc, DeviceChoice::Cpu).unwrap();
+        // The estimate is what lands on the device: the counted matrices, the untied
+        // embedding, the norms in f32.
+        let (h, l) = (cfg.hidden_size, cfg.num_hidden_layers);
+        let expected = runner.weight_bytes() + cfg.vocab_size * h * 4 + (2 * l + 1) * h * 4;
+        assert_eq!(device_weight_bytes(&cfg, DType::F32), expected as u64);
+        let chunk = SeqChunk {
+            tokens: &[1, 2, 3, 299],
+            start_pos: 0,
+            block_table: &[0, 1],
+            want_logits: true,
+        };
+        let logits = runner.step(&[chunk]).unwrap();
+        let row = logits[0].as_ref().unwrap();
+        assert_eq!(row.len(), cfg.vocab_size);
+        assert!(row.iter().all(|x| x.is_finite()), "{row:?}");
     }
 }

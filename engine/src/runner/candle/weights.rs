@@ -3,6 +3,9 @@
 //! runner's dtype. Quantized GGUF matrices are dequantized at load ([`Weights::get`]), then
 //! narrowed to the dtype; norms are kept in f32 (the normalization runs in f32).
 //!
+//! [`DeviceModel::random`] makes the same tensors from a config alone, drawn on the device
+//! (`bench --random-config`): a GPU benchmark of real shapes needs no weight files to carry.
+//!
 //! Invariant: every matrix is `[out, in]` (the checkpoint's layout), used as `x · Wᵀ`.
 
 use candle_core::{DType, Device, Tensor};
@@ -61,6 +64,46 @@ impl DeviceModel {
             embed,
             layers,
             norm: put(w.get("model.norm.weight", &[h])?, DType::F32)?,
+            lm_head,
+        })
+    }
+
+    /// Random weights of `cfg`'s shapes, drawn on `device` (no host copy): projections
+    /// N(0, 1/in) so activations keep unit scale through the layers (bf16 neither overflows
+    /// nor flushes), norms all ones. Only the shapes matter to a benchmark: a step does the
+    /// same work whatever the values.
+    pub fn random(cfg: &LlamaConfig, dtype: DType, device: &Device) -> Result<Self> {
+        let (h, inter) = (cfg.hidden_size, cfg.intermediate_size);
+        let kvd = cfg.kv_heads() * cfg.head_dim();
+        // candle draws normals only in f32 on CUDA; each matrix is narrowed as it is made,
+        // so the f32 copy of one matrix at a time is the only transient.
+        let mat = |out: usize, inp: usize| -> Result<Tensor> {
+            let std = 1.0 / (inp as f32).sqrt();
+            Ok(Tensor::randn(0f32, std, (out, inp), device)?.to_dtype(dtype)?)
+        };
+        let ones = || -> Result<Tensor> { Ok(Tensor::ones(h, DType::F32, device)?) };
+        let embed = mat(cfg.vocab_size, h)?;
+        let lm_head = if cfg.tie_word_embeddings {
+            embed.clone()
+        } else {
+            mat(cfg.vocab_size, h)?
+        };
+        let layers = (0..cfg.num_hidden_layers)
+            .map(|_| {
+                Ok(DeviceLayer {
+                    attn_norm: ones()?,
+                    wqkv: mat(h + 2 * kvd, h)?,
+                    wo: mat(h, h)?,
+                    ffn_norm: ones()?,
+                    w_gate_up: mat(2 * inter, h)?,
+                    w_down: mat(h, inter)?,
+                })
+            })
+            .collect::<Result<Vec<_>>>()?;
+        Ok(DeviceModel {
+            embed,
+            layers,
+            norm: ones()?,
             lm_head,
         })
     }
