@@ -86,11 +86,7 @@ impl LoopModel {
         Ok(LoopModel {
             tokenizer: files.tokenizer.clone(),
             max_position_embeddings: files.config.max_position_embeddings,
-            weights: ServedWeights {
-                label: format!("{} (candle, {device})", dtype.as_str()),
-                bytes_per_token: count * dtype.size_in_bytes(),
-                weight_count: count,
-            },
+            weights: candle_weights(dtype, count, format!("(candle, {device})")),
             build: Box::new(move |rc| {
                 let runner = CandleRunner::new(&files, rc, device)?;
                 Ok(Box::new(runner) as Box<dyn ModelRunner>)
@@ -109,11 +105,7 @@ impl LoopModel {
         Ok(LoopModel {
             tokenizer: echo_tokenizer()?,
             max_position_embeddings: config.max_position_embeddings,
-            weights: ServedWeights {
-                label: format!("{} random (candle, {device})", dtype.as_str()),
-                bytes_per_token: count * dtype.size_in_bytes(),
-                weight_count: count,
-            },
+            weights: candle_weights(dtype, count, format!("random (candle, {device})")),
             build: Box::new(move |rc| {
                 let runner = CandleRunner::random(&config, rc, device)?;
                 Ok(Box::new(runner) as Box<dyn ModelRunner>)
@@ -136,5 +128,14 @@ impl LoopModel {
                 Ok(Box::new(runner) as Box<dyn ModelRunner>)
             }),
         })
+    }
+}
+
+/// The candle runner's weights: `count` of them in `dtype`, labelled `bf16 <how>`.
+fn candle_weights(dtype: candle_core::DType, count: usize, how: String) -> ServedWeights {
+    ServedWeights {
+        label: format!("{} {how}", dtype.as_str()),
+        bytes_per_token: count * dtype.size_in_bytes(),
+        weight_count: count,
     }
 }
