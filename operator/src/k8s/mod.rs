@@ -136,3 +136,36 @@ fn with_common(
     );
     labels
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The block of top-level key `key` in a YAML file: its line and the indented ones after.
+    fn block<'a>(yaml: &'a str, key: &str) -> Vec<&'a str> {
+        let head = format!("{key}:");
+        yaml.lines()
+            .skip_while(|l| *l != head)
+            .skip(1)
+            .take_while(|l| l.is_empty() || l.starts_with(' '))
+            .collect()
+    }
+
+    #[test]
+    fn the_charts_pod_monitors_select_the_labels_the_operator_puts_on_pods() {
+        let values = include_str!("../../../charts/tidegate/values.yaml");
+        for (monitor, app) in [("engineMonitor", ENGINE_APP), ("routerMonitor", ROUTER_APP)] {
+            let lines = block(values, monitor);
+            assert!(!lines.is_empty(), "values.yaml has no {monitor}");
+            let has = |want: &str| lines.iter().any(|l| l.trim() == want);
+            assert!(
+                has(&format!("app.kubernetes.io/name: {app}")),
+                "{monitor}.podSelector must select app.kubernetes.io/name={app}"
+            );
+            assert!(
+                has(&format!("poolLabel: {POOL_LABEL}")),
+                "{monitor}.poolLabel must be {POOL_LABEL}"
+            );
+        }
+    }
+}
