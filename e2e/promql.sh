@@ -115,7 +115,7 @@ say "4. metric names"
 # Every tidegate metric the dashboard and the alerts use is one the docs' metrics reference
 # lists (so a renamed metric cannot leave a dashboard silently empty).
 DOC=docs/operations.md
-USED=$(grep -oh 'tidegate_\(engine\|operator\)_[a-z][a-z0-9_]*' "${DASHBOARDS[@]}" "$RULES" \
+USED=$(grep -oh 'tidegate_\(engine\|operator\|router\)_[a-z][a-z0-9_]*' "${DASHBOARDS[@]}" "$RULES" \
   | sed -E 's/_(bucket|count|sum)$//' | sort -u)
 for m in $USED; do
   grep -q "\`$m\`" "$DOC" || die "$m is used by the dashboard or alerts but not in the metrics reference of $DOC"
