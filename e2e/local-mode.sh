@@ -32,6 +32,8 @@ check "new tenants of pausable tiers refused with 503" \
     grep -Eq "refused/503/new_tenant_admission_paused/new +[1-9]" "$OUT"
 check "admission reopened after the hold time" grep -q "event Normal AdmissionReopened" "$OUT"
 check "scaled back down to replicas.min" grep -q "event Normal ScaledDown: 2 → 1 replicas" "$OUT"
+check "up to the maximum and back without a reversal ($(sed -n 's/^replica path: *//p' "$OUT"))" \
+    grep -q "^replica path: .*(no reversal)\$" "$OUT"
 check "existing tenants served throughout" grep -Eq "served/existing/enterprise +[1-9]" "$OUT"
 check "the load went through the router, whose summary reports affinity hits" \
     grep -Eq "^router affinity: +[1-9][0-9]* session hits" "$OUT"

@@ -91,6 +91,8 @@ fn now_ms() -> u64 {
 #[derive(Default)]
 struct Summary {
     peak_replicas: i32,
+    /// Every replica count the pool ran, in order, without repeats.
+    path: Vec<i32>,
     first_scale_up: Option<Duration>,
     paused_since: Option<Instant>,
     paused_total: Duration,
@@ -301,6 +303,9 @@ pub async fn run(args: LocalArgs) -> anyhow::Result<()> {
 fn record(s: &mut Summary, out: &TickOutcome, pool: &InferencePool, started: Instant) {
     let replicas = out.workload.replicas.unwrap_or(0);
     s.peak_replicas = s.peak_replicas.max(replicas);
+    if s.path.last() != Some(&replicas) {
+        s.path.push(replicas);
+    }
     if replicas > pool.spec.replicas.min && s.first_scale_up.is_none() {
         s.first_scale_up = Some(started.elapsed());
     }
@@ -374,6 +379,7 @@ fn print_summary(s: &Summary, tally: Option<&loadgen::Tally>, elapsed: Duration)
         elapsed.as_secs_f64()
     );
     println!("peak replicas:           {}", s.peak_replicas);
+    println!("replica path:            {}", path_words(&s.path));
     println!(
         "time to first scale-up:  {}",
         s.first_scale_up
@@ -395,6 +401,27 @@ fn print_summary(s: &Summary, tally: Option<&loadgen::Tally>, elapsed: Duration)
             println!("  {k:<48} {v}");
         }
     }
+}
+
+/// Direction changes of the replica count beyond the one a load that rises and falls needs
+/// (up, then down): 0 for 1 → 2 → 3 → 2 → 1, 2 for 1 → 3 → 2 → 3 → 1.
+fn reversals(path: &[i32]) -> usize {
+    let ups: Vec<bool> = path.windows(2).map(|w| w[1] > w[0]).collect();
+    let changes = ups.windows(2).filter(|d| d[0] != d[1]).count();
+    let one_peak = ups.first() == Some(&true) && changes > 0;
+    changes - usize::from(one_peak)
+}
+
+/// `0 → 1 → 2 → 3 → 2 → 1 (no reversal)`.
+fn path_words(path: &[i32]) -> String {
+    let steps: Vec<String> = path.iter().map(i32::to_string).collect();
+    let n = reversals(path);
+    let verdict = if n == 0 {
+        "no reversal".to_string()
+    } else {
+        format!("{n} reversal(s)")
+    };
+    format!("{} ({verdict})", steps.join(" → "))
 }
 
 /// Makes sure the pool's model exists: SmolLM2 is fetched with the repo's script, any other
@@ -436,4 +463,22 @@ fn ensure_model(
         p.display()
     );
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::{path_words, reversals};
+
+    #[test]
+    fn a_rise_and_fall_is_no_reversal_and_a_flap_is() {
+        assert_eq!(reversals(&[]), 0);
+        assert_eq!(reversals(&[1]), 0);
+        assert_eq!(reversals(&[0, 1, 2, 3, 2, 1]), 0);
+        assert_eq!(reversals(&[1, 2, 3]), 0);
+        assert_eq!(reversals(&[3, 2, 1]), 0);
+        assert_eq!(reversals(&[1, 3, 2, 3, 1]), 2);
+        assert_eq!(reversals(&[3, 2, 3]), 1);
+        assert_eq!(path_words(&[0, 1, 3, 1]), "0 → 1 → 3 → 1 (no reversal)");
+        assert_eq!(path_words(&[1, 2, 1, 2]), "1 → 2 → 1 → 2 (1 reversal(s))");
+    }
 }
