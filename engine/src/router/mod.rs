@@ -46,7 +46,7 @@ use tokio::task::JoinHandle;
 use crate::backend::SubmitError;
 use crate::server::AdminAuth;
 use crate::server::body::read_limited;
-use crate::server::error::ApiError;
+use crate::server::error::{ApiError, new_tenant_gate};
 use crate::tenancy::rate_limit::RateLimiter;
 use crate::tenancy::{CompiledPolicy, Identity, PolicyStore};
 use dispatch::{DispatchConfig, Dispatcher, Health, Lease, Refusal};
@@ -123,10 +123,7 @@ impl RunningRouter {
 /// Why the router did not start.
 #[derive(Debug, thiserror::Error)]
 pub enum RouterStartError {
-    #[error(
-        "the admin API needs a token: pass --admin-token-file or set TIDEGATE_ADMIN_TOKEN \
-         (or disable the admin API explicitly with --admin-disabled)"
-    )]
+    #[error("{}", crate::server::ADMIN_TOKEN_MISSING)]
     AdminTokenMissing,
     #[error("the admin API and its listener must be given together")]
     AdminListener,
@@ -281,17 +278,7 @@ async fn admit_and_forward(
     tier_name.clone_from(&identity.tier.name);
     let max_output = u64::try_from(identity.tier.max_output_tokens.max(1)).unwrap_or(1);
     let info = RouteInfo::parse(&body, &headers, &identity.tenant, max_output)?;
-    if policy.refuses_new_tenant(&identity) {
-        return Err(ApiError::NewTenantPaused {
-            tier: identity.tier.name.clone(),
-            reason: if policy.pause_reason.is_empty() {
-                "the pool is at capacity; existing tenants keep being served".to_string()
-            } else {
-                policy.pause_reason.clone()
-            },
-            retry_after: policy.retry_after,
-        });
-    }
+    new_tenant_gate(&policy, &identity)?;
     let limits = shared_limits(identity.tier.rate_limits.as_ref(), app.config.limit_share);
     app.limiter.check(
         &identity.tenant,

@@ -24,7 +24,7 @@ use tidegate_api::Tier;
 
 use super::AppState;
 use super::drain::InFlight;
-use super::error::ApiError;
+use super::error::{ApiError, new_tenant_gate};
 use super::openai::{Endpoint, Prepared, prepare};
 use super::stop::StopMatcher;
 use crate::backend::{FinishReason, GenerateRequest, TokenEvent, TokenStream, Usage};
@@ -101,17 +101,7 @@ async fn admit(
         ),
     };
     let prepared = prepare(endpoint, &body, app.engine.as_ref(), session_header)?;
-    if policy.refuses_new_tenant(&identity) {
-        return Err(ApiError::NewTenantPaused {
-            tier: identity.tier.name.clone(),
-            reason: if policy.pause_reason.is_empty() {
-                "the pool is at capacity; existing tenants keep being served".to_string()
-            } else {
-                policy.pause_reason.clone()
-            },
-            retry_after: policy.retry_after,
-        });
-    }
+    new_tenant_gate(&policy, &identity)?;
     let max_tokens = output_limit(
         &prepared,
         &identity.tier,

@@ -14,8 +14,8 @@ use axum::response::{IntoResponse, Response};
 use serde_json::json;
 
 use crate::backend::SubmitError;
-use crate::tenancy::IdentityError;
 use crate::tenancy::rate_limit::RateLimited;
+use crate::tenancy::{CompiledPolicy, Identity, IdentityError};
 
 #[derive(Debug, thiserror::Error)]
 pub enum ApiError {
@@ -61,6 +61,23 @@ pub enum ApiError {
     /// Router: the engine failed while it had the request (never replayed).
     #[error("the engine failed while serving the request: {0}")]
     EngineFailed(String),
+}
+
+/// The new-tenant gate, the same at the router and at an engine: a new tenant of a paused,
+/// pausable tier is refused with the pushed reason (or a default) and Retry-After.
+pub fn new_tenant_gate(policy: &CompiledPolicy, id: &Identity) -> Result<(), ApiError> {
+    if !policy.refuses_new_tenant(id) {
+        return Ok(());
+    }
+    Err(ApiError::NewTenantPaused {
+        tier: id.tier.name.clone(),
+        reason: if policy.pause_reason.is_empty() {
+            "the pool is at capacity; existing tenants keep being served".to_string()
+        } else {
+            policy.pause_reason.clone()
+        },
+        retry_after: policy.retry_after,
+    })
 }
 
 impl ApiError {

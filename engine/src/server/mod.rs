@@ -89,13 +89,15 @@ impl Default for ServerConfig {
     }
 }
 
+/// An admin API without a token or an explicit --admin-disabled (the engine's and the
+/// router's start errors say the same).
+pub const ADMIN_TOKEN_MISSING: &str = "the admin API needs a token: pass --admin-token-file or \
+     set TIDEGATE_ADMIN_TOKEN (or disable the admin API explicitly with --admin-disabled)";
+
 /// Why the server did not start.
 #[derive(Debug, thiserror::Error)]
 pub enum StartError {
-    #[error(
-        "the admin API needs a token: pass --admin-token-file or set TIDEGATE_ADMIN_TOKEN \
-         (or disable the admin API explicitly with --admin-disabled)"
-    )]
+    #[error("{}", ADMIN_TOKEN_MISSING)]
     AdminTokenMissing,
     #[error("an admin token is configured but no admin listener was given")]
     AdminListenerMissing,
