@@ -142,14 +142,7 @@ impl Harness {
     }
 
     async fn metrics(&self) -> String {
-        self.client
-            .get(format!("{}/metrics", self.base))
-            .send()
-            .await
-            .unwrap()
-            .text()
-            .await
-            .unwrap()
+        common::metrics_text(&self.client, &self.base).await
     }
 }
 

@@ -22,6 +22,7 @@ use tidegate_engine::server::{self, AdminAuth, RunningServer, ServerConfig};
 use tokio::net::TcpListener;
 
 mod bad_requests;
+mod common;
 
 const TOKEN: &str = "pool-secret";
 
@@ -128,8 +129,14 @@ async fn start_router_with(
 
 impl Router {
     async fn endpoints(&self) -> Value {
+        self.admin_json(&format!("{}{ENDPOINTS_PATH}", self.admin))
+            .await
+    }
+
+    /// An admin GET (the router's or an engine's) with the pool token, as JSON.
+    async fn admin_json(&self, url: &str) -> Value {
         self.http
-            .get(format!("{}{ENDPOINTS_PATH}", self.admin))
+            .get(url)
             .bearer_auth(TOKEN)
             .send()
             .await
@@ -175,14 +182,7 @@ impl Router {
     }
 
     async fn metrics(&self) -> String {
-        self.http
-            .get(format!("{}/metrics", self.base))
-            .send()
-            .await
-            .unwrap()
-            .text()
-            .await
-            .unwrap()
+        common::metrics_text(&self.http, &self.base).await
     }
 }
 
@@ -261,16 +261,9 @@ async fn streams_pass_through_with_usage_and_identity_reaches_the_engine() {
     assert!(text.trim_end().ends_with("data: [DONE]"), "{text}");
     assert!(text.contains("\"usage\""), "{text}");
     // The engine saw the router's tenant: its registry has it.
-    let tenants: Value = r
-        .http
-        .get(format!("{}/admin/v1/tenants?since=0", a.admin))
-        .bearer_auth(TOKEN)
-        .send()
-        .await
-        .unwrap()
-        .json()
-        .await
-        .unwrap();
+    let tenants = r
+        .admin_json(&format!("{}/admin/v1/tenants?since=0", a.admin))
+        .await;
     let t = &tenants["tenants"][0];
     assert_eq!(
         (t["tenant"].as_str(), t["tier"].as_str()),

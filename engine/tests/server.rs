@@ -21,6 +21,7 @@ use tidegate_engine::tenancy::sha256_hex;
 use tokio::net::TcpListener;
 
 mod bad_requests;
+mod common;
 
 const TOKEN: &str = "admin-secret";
 
@@ -144,14 +145,7 @@ impl Harness {
     }
 
     async fn metrics(&self) -> String {
-        self.client
-            .get(format!("{}/metrics", self.base))
-            .send()
-            .await
-            .unwrap()
-            .text()
-            .await
-            .unwrap()
+        common::metrics_text(&self.client, &self.base).await
     }
 }
 

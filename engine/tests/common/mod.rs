@@ -1,5 +1,6 @@
 //! Shared test helpers: the seed-42 random model written once per test binary into a
-//! private temporary directory, a float comparison, and an engine loop started and waited on.
+//! private temporary directory, a float comparison, an engine loop started and waited on, and
+//! a server's `/metrics` text.
 #![allow(dead_code, clippy::unwrap_used)]
 
 use std::path::PathBuf;
@@ -69,4 +70,16 @@ pub fn smollm2_path() -> Option<PathBuf> {
         println!("note: models/smollm2 not present (run scripts/fetch-model.sh); skipping");
     }
     found
+}
+
+/// The `/metrics` text of the server at `base` (`http://host:port`).
+pub async fn metrics_text(client: &reqwest::Client, base: &str) -> String {
+    client
+        .get(format!("{base}/metrics"))
+        .send()
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap()
 }
