@@ -509,14 +509,8 @@ async fn an_engine_that_hangs_or_sends_garbage_ends_only_its_own_stream() {
         let base = format!("http://{}", running.api_addr);
         let http = reqwest::Client::new();
         let deadline = Instant::now() + Duration::from_secs(5);
-        while !http
-            .get(format!("{base}/metrics"))
-            .send()
+        while !common::metrics_text(&http, &base)
             .await
-            .unwrap()
-            .text()
-            .await
-            .unwrap()
             .contains(r#"tidegate_router_endpoints{state="ready"} 1"#)
         {
             assert!(

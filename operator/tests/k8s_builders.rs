@@ -97,21 +97,7 @@ fn deployment_runs_restricted_pods_with_gpus() {
     assert_eq!(limits["memory"].0, "64Gi");
     assert_eq!(res.requests.expect("requests")["nvidia.com/gpu"].0, "2");
 
-    let ready = c
-        .readiness_probe
-        .clone()
-        .expect("readiness")
-        .http_get
-        .expect("get");
-    assert_eq!(ready.path.as_deref(), Some("/readyz"));
-    assert_eq!(ready.port, IntOrString::String("http".into()));
-    let live = c
-        .liveness_probe
-        .clone()
-        .expect("liveness")
-        .http_get
-        .expect("get");
-    assert_eq!(live.path.as_deref(), Some("/healthz"));
+    assert_http_probes(c);
     let pre = c
         .lifecycle
         .clone()
@@ -229,6 +215,26 @@ fn model_uris() {
     assert!(model_location("pvc://claim/../etc").is_err());
     assert!(model_location("s3://bucket/x").is_err());
     assert!(model_location("file://relative").is_err());
+}
+
+/// Readiness on /readyz and liveness on /healthz, both through the `http` port (the engine
+/// and router containers share the probe contract).
+fn assert_http_probes(c: &k8s_openapi::api::core::v1::Container) {
+    let ready = c
+        .readiness_probe
+        .clone()
+        .expect("readiness")
+        .http_get
+        .expect("get");
+    assert_eq!(ready.path.as_deref(), Some("/readyz"));
+    assert_eq!(ready.port, IntOrString::String("http".into()));
+    let live = c
+        .liveness_probe
+        .clone()
+        .expect("liveness")
+        .http_get
+        .expect("get");
+    assert_eq!(live.path.as_deref(), Some("/healthz"));
 }
 
 fn port_list(svc: &k8s_openapi::api::core::v1::Service) -> Vec<(String, i32)> {
@@ -440,21 +446,7 @@ fn the_router_runs_cpu_only_restricted_from_the_router_contract() {
         .map(|p| (p.name.unwrap_or_default(), p.container_port))
         .collect();
     assert_eq!(ports, vec![("http".into(), 8000), ("admin".into(), 8001)]);
-    let ready = c
-        .readiness_probe
-        .clone()
-        .expect("readiness")
-        .http_get
-        .expect("get");
-    assert_eq!(ready.path.as_deref(), Some("/readyz"));
-    assert_eq!(ready.port, IntOrString::String("http".into()));
-    let live = c
-        .liveness_probe
-        .clone()
-        .expect("liveness")
-        .http_get
-        .expect("get");
-    assert_eq!(live.path.as_deref(), Some("/healthz"));
+    assert_http_probes(c);
 
     let pdb = router::router_pod_disruption_budget("chat", "prod", owners);
     assert_eq!(pdb.metadata.name.as_deref(), Some("chat-router"));
