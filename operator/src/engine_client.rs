@@ -60,6 +60,35 @@ async fn check(ep: &Endpoint, resp: reqwest::Response) -> Result<reqwest::Respon
     ))
 }
 
+impl HttpEngineControl {
+    /// Sends one admin call with the bearer token; a failure to send or a non-2xx answer is
+    /// an error naming the endpoint.
+    async fn send(
+        &self,
+        ep: &Endpoint,
+        token: &str,
+        req: reqwest::RequestBuilder,
+    ) -> Result<reqwest::Response, ControlError> {
+        let resp = req
+            .bearer_auth(token)
+            .send()
+            .await
+            .map_err(|e| err(ep, e))?;
+        check(ep, resp).await
+    }
+
+    /// [`Self::send`], then the answer's JSON body.
+    async fn send_json<T: serde::de::DeserializeOwned>(
+        &self,
+        ep: &Endpoint,
+        token: &str,
+        req: reqwest::RequestBuilder,
+    ) -> Result<T, ControlError> {
+        let resp = self.send(ep, token, req).await?;
+        resp.json().await.map_err(|e| err(ep, e))
+    }
+}
+
 impl EngineControl for HttpEngineControl {
     async fn push_policy(
         &self,
@@ -67,15 +96,11 @@ impl EngineControl for HttpEngineControl {
         token: &str,
         policy: &EnginePolicy,
     ) -> Result<(), ControlError> {
-        let resp = self
+        let req = self
             .http
             .put(format!("{}{POLICY_PATH}", ep.admin_url))
-            .bearer_auth(token)
-            .json(policy)
-            .send()
-            .await
-            .map_err(|e| err(ep, e))?;
-        check(ep, resp).await.map(|_| ())
+            .json(policy);
+        self.send(ep, token, req).await.map(|_| ())
     }
 
     async fn tenants_since(
@@ -84,14 +109,10 @@ impl EngineControl for HttpEngineControl {
         token: &str,
         since_ms: u64,
     ) -> Result<AdmittedTenants, ControlError> {
-        let resp = self
+        let req = self
             .http
-            .get(format!("{}{TENANTS_PATH}?since={since_ms}", ep.admin_url))
-            .bearer_auth(token)
-            .send()
-            .await
-            .map_err(|e| err(ep, e))?;
-        check(ep, resp).await?.json().await.map_err(|e| err(ep, e))
+            .get(format!("{}{TENANTS_PATH}?since={since_ms}", ep.admin_url));
+        self.send_json(ep, token, req).await
     }
 
     async fn drain(
@@ -100,28 +121,18 @@ impl EngineControl for HttpEngineControl {
         token: &str,
         grace_seconds: u64,
     ) -> Result<DrainStatus, ControlError> {
-        let resp = self
+        let req = self
             .http
             .post(format!("{}{DRAIN_PATH}", ep.admin_url))
-            .bearer_auth(token)
             .json(&DrainRequest {
                 grace_seconds: Some(grace_seconds),
-            })
-            .send()
-            .await
-            .map_err(|e| err(ep, e))?;
-        check(ep, resp).await?.json().await.map_err(|e| err(ep, e))
+            });
+        self.send_json(ep, token, req).await
     }
 
     async fn drain_status(&self, ep: &Endpoint, token: &str) -> Result<DrainStatus, ControlError> {
-        let resp = self
-            .http
-            .get(format!("{}{DRAIN_PATH}", ep.admin_url))
-            .bearer_auth(token)
-            .send()
-            .await
-            .map_err(|e| err(ep, e))?;
-        check(ep, resp).await?.json().await.map_err(|e| err(ep, e))
+        let req = self.http.get(format!("{}{DRAIN_PATH}", ep.admin_url));
+        self.send_json(ep, token, req).await
     }
 
     async fn push_endpoints(
@@ -130,18 +141,10 @@ impl EngineControl for HttpEngineControl {
         token: &str,
         set: &RouterEndpoints,
     ) -> Result<EndpointsView, ControlError> {
-        let resp = self
+        let req = self
             .http
             .put(format!("{}{ENDPOINTS_PATH}", router.admin_url))
-            .bearer_auth(token)
-            .json(set)
-            .send()
-            .await
-            .map_err(|e| err(router, e))?;
-        check(router, resp)
-            .await?
-            .json()
-            .await
-            .map_err(|e| err(router, e))
+            .json(set);
+        self.send_json(router, token, req).await
     }
 }
