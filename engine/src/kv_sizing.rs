@@ -2,10 +2,12 @@
 //! left for it (the pool's `kvCache.memoryFraction`), decided once at start-up and logged
 //! with its reasons.
 //!
-//! On CPU the memory left for KV is the container's limit (`--memory-limit`, else the
-//! cgroup's), less what the process already holds (the loaded weights) and the host offload
-//! tier (it lives in the same memory); without any limit it is the free memory less the host
-//! tier. The pool is touched at start (`KvStore::new`), so a size that does not fit fails at
+//! On CPU the memory left for KV is what the container can really have: the smallest of
+//! `--memory-limit`, the cgroup's memory limit and the machine's memory (a pod whose limit
+//! says 64Gi on a 23 GiB node gets 23 GiB, not a pool it can never touch), less what the
+//! process already holds (the loaded weights) and the host offload tier (it lives in the same
+//! memory); without any limit it is the free memory less the host tier. The reason logged
+//! names the bound that applied and the larger ones it overrode. The pool is touched at start (`KvStore::new`), so a size that does not fit fails at
 //! start, not under load.
 //!
 //! Invariants: an explicit block count always wins; a sizing that leaves no room, or room for
@@ -35,6 +37,8 @@ pub struct MemoryFacts {
     pub cgroup_limit: Option<u64>,
     /// MemAvailable.
     pub available: Option<u64>,
+    /// MemTotal: the machine's memory, the bound no limit can raise.
+    pub total: Option<u64>,
     /// Resident bytes of this process now (weights loaded).
     pub resident: u64,
 }
@@ -81,16 +85,11 @@ pub fn size_kv_pool(req: &KvRequest, facts: &MemoryFacts) -> Result<KvSize, KvSi
         });
     };
     let host = req.host_offload_bytes;
-    let (room, basis) = match facts.limit_flag.or(facts.cgroup_limit) {
-        Some(limit) => {
-            let kind = if facts.limit_flag.is_some() {
-                "--memory-limit"
-            } else {
-                "cgroup memory limit"
-            };
+    let (room, basis) = match memory_bound(facts) {
+        Some((limit, kind, overridden)) => {
             let held = facts.resident.saturating_add(host);
             let basis = format!(
-                "{kind} {} − resident {} − host offload {}",
+                "{kind} {}{overridden} − resident {} − host offload {}",
                 Mib(limit),
                 Mib(facts.resident),
                 Mib(host)
@@ -171,6 +170,31 @@ pub fn check_device_fit(
     Ok(())
 }
 
+/// The memory the process can really have when something limits it: the smallest of
+/// `--memory-limit`, the cgroup's limit and the machine's memory, named, with the larger
+/// bounds it overrode (` (--memory-limit 65536.0 MiB is above it)`). None without any limit:
+/// the caller then sizes from the free memory.
+fn memory_bound(facts: &MemoryFacts) -> Option<(u64, &'static str, String)> {
+    facts.limit_flag.or(facts.cgroup_limit)?;
+    let bounds = [
+        ("--memory-limit", facts.limit_flag),
+        ("cgroup memory limit", facts.cgroup_limit),
+        ("machine memory", facts.total),
+    ];
+    let known = bounds.iter().filter_map(|(name, b)| b.map(|b| (*name, b)));
+    let (name, bound) = known.clone().min_by_key(|(_, b)| *b)?;
+    let above: Vec<String> = known
+        .filter(|(n, b)| *n != name && *b > bound)
+        .map(|(n, b)| format!("{n} {} is above it", Mib(b)))
+        .collect();
+    let overridden = if above.is_empty() {
+        String::new()
+    } else {
+        format!(" ({})", above.join(", "))
+    };
+    Some((bound, name, overridden))
+}
+
 /// `fraction × room` in whole blocks, or why there is no room for one.
 fn blocks_in(
     room: Option<u64>,
@@ -206,6 +230,7 @@ pub fn read_memory_facts(limit_flag: Option<u64>) -> MemoryFacts {
         limit_flag,
         cgroup_limit: cgroup_limit(),
         available: meminfo_kib("/proc/meminfo", "MemAvailable:").map(|k| k * 1024),
+        total: meminfo_kib("/proc/meminfo", "MemTotal:").map(|k| k * 1024),
         resident: meminfo_kib("/proc/self/status", "VmRSS:").map_or(0, |k| k * 1024),
     }
 }
@@ -263,6 +288,7 @@ mod tests {
             limit_flag: Some(1024 * MIB),
             cgroup_limit: Some(4096 * MIB),
             available: Some(9000 * MIB),
+            total: Some(16384 * MIB),
             resident: 24 * MIB,
         };
         // 0.5 × (1024 − 24 − 200) MiB = 400 blocks of 1 MiB; the flag wins over the cgroup.
@@ -275,6 +301,51 @@ mod tests {
         };
         let s = size_kv_pool(&req(None, Some(0.5), 0), &cgroup).expect("size");
         assert_eq!(s.blocks, 2036, "{}", s.why);
+    }
+
+    #[test]
+    fn the_smallest_of_flag_cgroup_and_machine_memory_applies_and_is_named() {
+        // The production example on a 23 GiB machine: --memory-limit 64Gi, no cgroup limit.
+        let facts = MemoryFacts {
+            limit_flag: Some(64 * 1024 * MIB),
+            total: Some(23 * 1024 * MIB),
+            available: Some(20 * 1024 * MIB),
+            resident: 0,
+            ..MemoryFacts::default()
+        };
+        let s = size_kv_pool(&req(None, Some(0.5), 0), &facts).expect("size");
+        assert_eq!(s.blocks, 23 * 512, "{}", s.why);
+        assert!(s.why.contains("machine memory 23552.0 MiB"), "{}", s.why);
+        assert!(
+            s.why.contains("--memory-limit 65536.0 MiB is above it"),
+            "{}",
+            s.why
+        );
+        // A cgroup limit below the flag wins over it, and says so.
+        let cgroup = MemoryFacts {
+            cgroup_limit: Some(2048 * MIB),
+            ..facts
+        };
+        let s = size_kv_pool(&req(None, Some(0.5), 0), &cgroup).expect("size");
+        assert_eq!(s.blocks, 1024, "{}", s.why);
+        assert!(
+            s.why
+                .starts_with("--kv-memory-fraction 0.5 × (cgroup memory limit"),
+            "{}",
+            s.why
+        );
+        // The flag below both applies, and names the bounds above it.
+        let flag = MemoryFacts {
+            limit_flag: Some(1024 * MIB),
+            ..cgroup
+        };
+        let s = size_kv_pool(&req(None, Some(0.5), 0), &flag).expect("size");
+        assert_eq!(s.blocks, 512, "{}", s.why);
+        assert!(
+            s.why.contains("--memory-limit 1024.0 MiB (cgroup memory limit 2048.0 MiB is above it, machine memory 23552.0 MiB is above it)"),
+            "{}",
+            s.why
+        );
     }
 
     #[test]

@@ -168,6 +168,45 @@ pub fn write_random_model(out: &Path, seed: u64) -> Result<LlamaConfig> {
             .map_err(|e| Error::Config(format!("serializing config: {e}")))?,
     )?;
     write("tokenizer.json", tok.to_string())?;
-    candle_core::safetensors::save(&weights, out.join("model.safetensors"))?;
+    let weights_path = out.join("model.safetensors");
+    candle_core::safetensors::save(&weights, &weights_path)?;
+    // The safetensors writer creates its file owner-only (0600); a model is read by engines
+    // running as another user (uid 65532 in the image), e.g. from a volume root filled.
+    readable_by_all(&weights_path)?;
     Ok(cfg)
+}
+
+#[cfg(unix)]
+fn readable_by_all(path: &Path) -> Result<()> {
+    use std::os::unix::fs::PermissionsExt;
+    std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o644))
+        .map_err(|e| Error::io(path, e))
+}
+
+#[cfg(not(unix))]
+fn readable_by_all(_path: &Path) -> Result<()> {
+    Ok(())
+}
+
+#[cfg(all(test, unix))]
+mod tests {
+    use super::*;
+    use std::os::unix::fs::PermissionsExt;
+
+    #[test]
+    fn every_file_of_a_random_model_is_readable_by_other_users() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        write_random_model(dir.path(), 1).expect("write");
+        for name in ["config.json", "model.safetensors", "tokenizer.json"] {
+            let mode = std::fs::metadata(dir.path().join(name))
+                .expect("metadata")
+                .permissions()
+                .mode();
+            assert_eq!(
+                mode & 0o044,
+                0o044,
+                "{name} is not readable by group and others: {mode:o}"
+            );
+        }
+    }
 }
