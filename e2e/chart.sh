@@ -1,16 +1,18 @@
 #!/usr/bin/env bash
-# Chart test: render charts/tidegate the way `helm template` does, with the default values and
-# with a non-default values file, and check what comes out.
+# Chart test: render charts/tidegate with Helm (`helm template`, `helm lint`), with the default
+# values and with a non-default values file, and check what comes out. Helm is the one
+# scripts/cluster.sh builds (`scripts/cluster.sh install`); e2e/cluster.sh installs the chart
+# with it on a real cluster.
 #
 #   bash e2e/chart.sh
 #
 # Checks, in order:
 #   1. charts/tidegate/crds/ equals crds/ (both generated from operator/api).
 #   2. values.yaml, and values.yaml + the custom values file, validate against
-#      values.schema.json (the renderer does not read the schema; helm install does).
-#   3. The chart renders (--strict: a reference to a value that does not exist is an error)
-#      with default values and with e2e/fixtures/chart-values-custom.yaml
-#      (NOTES.txt included), and refuses inconsistent values with a clear error.
+#      values.schema.json (here, and by Helm, which refuses the bad values too).
+#   3. `helm lint --strict` (a reference to a value that does not exist is an error, NOTES.txt
+#      rendered) and `helm template` with default values and with
+#      e2e/fixtures/chart-values-custom.yaml; inconsistent values are refused with a clear error.
 #   4. Every rendered object validates against the Kubernetes 1.36 schemas (strict: unknown
 #      fields are errors). The prometheus-operator kinds (ServiceMonitor, PodMonitor,
 #      PrometheusRule) are not in those schemas and their CRDs are not available here: they are
@@ -38,6 +40,9 @@ mkdir -p "$STATE"
 rm -rf "$OUT" && mkdir -p "$OUT"
 [ -x "$K8S_TESTENV" ] || die "k8s-testenv not found at $K8S_TESTENV (set K8S_TESTENV)"
 T=$K8S_TESTENV
+# Only the cluster's tools on PATH: its KUBECONFIG would point step 7 at a cluster that may not run.
+command -v helm >/dev/null 2>&1 || eval "$(scripts/cluster.sh env | grep '^export PATH=')"
+command -v helm >/dev/null 2>&1 || die "helm not found: run scripts/cluster.sh install (it builds helm from the Go module proxy)"
 PY=$(py_env "$STATE/pyenv" pyyaml jsonschema)
 CHECK=("$PY" e2e/chart_check.py)
 apt_need promtool prometheus
@@ -55,30 +60,37 @@ if "${CHECK[@]}" schema "$CHART/values.schema.json" "$CHART/values.yaml" "$OUT/b
 fi
 ok "bad values refused with $(wc -l < "$OUT/bad-values.err") errors:"
 sed 's/^FAIL: values [^:]*: /     /' "$OUT/bad-values.err"
+if helm lint "$CHART" -f "$OUT/bad-values.yaml" >"$OUT/helm-bad-values.txt" 2>&1; then
+  die "helm lint accepted the bad values"
+fi
+ok "helm refuses them too: $(grep -o 'values don.t meet the specifications.*' "$OUT/helm-bad-values.txt" | head -1 | cut -c1-80)"
 
-say "3. render"
-"$T" chart-render tidegate "$CHART" -n tidegate-system --strict --notes > "$OUT/default.txt" \
-  || die "render with default values failed"
-"$T" chart-render tg "$CHART" -n tidegate-system -f "$CUSTOM" --strict --notes > "$OUT/custom.txt" \
-  || die "render with $CUSTOM failed"
+say "3. render ($(helm version --template '{{.Version}}'))"
+helm lint --strict "$CHART" -n tidegate-system > "$OUT/lint-default.txt" 2>&1 \
+  || { cat "$OUT/lint-default.txt"; die "helm lint --strict with default values failed"; }
+helm lint --strict "$CHART" -n tidegate-system -f "$CUSTOM" > "$OUT/lint-custom.txt" 2>&1 \
+  || { cat "$OUT/lint-custom.txt"; die "helm lint --strict with $CUSTOM failed"; }
+ok "helm lint --strict: default and custom values (templates and NOTES.txt render, no missing value)"
+helm template tidegate "$CHART" -n tidegate-system --include-crds > "$OUT/default.yaml" \
+  || die "helm template with default values failed"
+helm template tg "$CHART" -n tidegate-system -f "$CUSTOM" --include-crds > "$OUT/custom.yaml" \
+  || die "helm template with $CUSTOM failed"
 for v in default custom; do
-  sed '/^NOTES:$/,$d' "$OUT/$v.txt" > "$OUT/$v.yaml"
-  grep -q '^NOTES:$' "$OUT/$v.txt" || die "$v: NOTES.txt was not rendered"
-  ok "$v values: $(grep -c '^kind:' "$OUT/$v.yaml") objects ($(awk '/^kind:/{print $2}' "$OUT/$v.yaml" | sort | uniq -c | awk '{printf "%s%s %s", sep, $1, $2; sep=", "}')), NOTES rendered"
+  ok "$v values: $(grep -c '^kind:' "$OUT/$v.yaml") objects ($(awk '/^kind:/{print $2}' "$OUT/$v.yaml" | sort | uniq -c | awk '{printf "%s%s %s", sep, $1, $2; sep=", "}'))"
 done
-refuse() { # refuse WHAT EXPECTED_MESSAGE RENDER_ARGS...
+refuse() { # refuse WHAT EXPECTED_MESSAGE HELM_ARGS...
   local what=$1 want=$2; shift 2
-  if "$T" chart-render "$CHART" "$@" >/dev/null 2>"$OUT/refuse.err"; then
-    die "render accepted $what"
+  if helm template "$CHART" "$@" >/dev/null 2>"$OUT/refuse.err"; then
+    die "helm template accepted $what"
   fi
-  grep -q -- "$want" "$OUT/refuse.err" || die "render refused $what without saying '$want': $(cat "$OUT/refuse.err")"
+  grep -q -- "$want" "$OUT/refuse.err" || die "helm refused $what without saying '$want': $(cat "$OUT/refuse.err")"
   ok "refuses $what: $(grep -o -- "$want.*" "$OUT/refuse.err" | head -1 | cut -c1-90)"
 }
 refuse "2 replicas without leader election" "needs leaderElection.enabled=true" \
   --set replicaCount=2,leaderElection.enabled=false
 refuse "a ServiceMonitor without the metrics Service" "needs metrics.service.enabled" \
   --set serviceMonitor.enabled=true,metrics.service.enabled=false
-refuse "an empty prometheus.url" "prometheus.url is required" --set prometheus.url=
+refuse "an empty prometheus.url (the schema)" "/prometheus/url.: .. does not match" --set prometheus.url=
 "${CHECK[@]}" crds "$OUT/default.yaml" crds
 
 say "4. schema validation of every rendered object"
@@ -106,7 +118,7 @@ say "5. security and RBAC invariants"
 "${CHECK[@]}" invariants "$OUT/default.yaml" cluster
 "${CHECK[@]}" invariants "$OUT/custom.yaml" namespaced
 
-say "6. images (no container engine here: the Dockerfiles are checked, not built)"
+say "6. images (the Dockerfiles checked here; scripts/cluster.sh images builds them for e2e/cluster.sh)"
 REPO=$(awk '/^image:/{on=1} on && /repository:/{print $2; exit}' "$CHART/values.yaml")
 grep -q -- "-t $REPO:" docker/Dockerfile.operator || die "chart image $REPO is not what docker/Dockerfile.operator builds"
 for f in docker/Dockerfile.operator docker/Dockerfile.engine; do

@@ -66,50 +66,42 @@ Kept in one place so that the ClusterRole (all namespaces) and the per-namespace
 grant exactly the same thing.
 */}}
 {{- define "tidegate.poolRules" -}}
-# InferencePool and TierPolicy: watched; status written through the status subresource;
-# spec.replicas.manual read through the scale subresource. Finalizers are patched on pools.
+# Exactly what `tidegate-operator run` calls (operator/RBAC.md has the why of each line; the
+# cluster e2e checks a kubectl auth can-i matrix against it, allowed and refused).
+# InferencePool and TierPolicy: watched; the pool's status patched on its subresource.
 - apiGroups: ["tidegate.dev"]
   resources: ["inferencepools", "tierpolicies"]
-  verbs: ["get", "list", "watch", "patch", "update"]
+  verbs: ["get", "list", "watch"]
 - apiGroups: ["tidegate.dev"]
-  resources: ["inferencepools/status", "tierpolicies/status"]
-  verbs: ["get", "patch", "update"]
-- apiGroups: ["tidegate.dev"]
-  resources: ["inferencepools/scale"]
-  verbs: ["get", "patch", "update"]
-- apiGroups: ["tidegate.dev"]
-  resources: ["inferencepools/finalizers"]
-  verbs: ["update"]
-# The engine and router Deployments of each pool, applied with server-side apply; deleted on
-# scale to nothing and when a pool is removed.
+  resources: ["inferencepools/status"]
+  verbs: ["patch"]
+# The engine and router Deployments, both Services and both PodDisruptionBudgets of each
+# pool: server-side apply (create + patch), watched as the pool's own objects.
 - apiGroups: ["apps"]
   resources: ["deployments"]
-  verbs: ["get", "list", "watch", "create", "patch", "delete"]
-# The Services of each pool (the front door on the routers, the engines' headless one) and
-# its admin-token Secret. Secrets are also read for
-# TierPolicy API keys (spec.tenancy.apiKeys.secretName).
-- apiGroups: [""]
-  resources: ["services", "secrets"]
   verbs: ["get", "list", "watch", "create", "patch"]
-# The tenant-registry ConfigMaps of each pool (delete: shards left by a registry that shrank).
 - apiGroups: [""]
-  resources: ["configmaps"]
-  verbs: ["get", "list", "watch", "create", "patch", "delete"]
-# The engine and router PodDisruptionBudgets of each pool.
+  resources: ["services"]
+  verbs: ["get", "list", "watch", "create", "patch"]
 - apiGroups: ["policy"]
   resources: ["poddisruptionbudgets"]
   verbs: ["get", "list", "watch", "create", "patch"]
-# Engine and router pods: readiness, and their addresses for the admin API (drain before
-# scale-down; policy and engine-set pushes to the routers);
-# patch sets controller.kubernetes.io/pod-deletion-cost on a drained pod so the ReplicaSet
-# removes it and not one still serving.
+# Secrets by name only, never listed or watched: the pool's admin-token Secret (created once,
+# then read) and the API-key Secret a TierPolicy names (read).
+- apiGroups: [""]
+  resources: ["secrets"]
+  verbs: ["get", "create"]
+# The tenant-registry ConfigMaps of each pool (delete: shards left by a registry that shrank).
+- apiGroups: [""]
+  resources: ["configmaps"]
+  verbs: ["get", "create", "patch", "delete"]
+# Engine and router pods: listed by the pool's selectors for readiness and their addresses
+# (drain before scale-down; policy and engine-set pushes); patched with
+# controller.kubernetes.io/pod-deletion-cost on a drained pod so the ReplicaSet removes it.
 - apiGroups: [""]
   resources: ["pods"]
-  verbs: ["get", "list", "watch", "patch"]
-# Events on pools (scaling decisions, admission pause and resume).
-- apiGroups: [""]
-  resources: ["events"]
-  verbs: ["create", "patch"]
+  verbs: ["list", "patch"]
+# Events on pools (scaling decisions, admission pause and resume; patch: an event series).
 - apiGroups: ["events.k8s.io"]
   resources: ["events"]
   verbs: ["create", "patch"]

@@ -152,6 +152,34 @@ mod tests {
     }
 
     #[test]
+    fn the_charts_admission_policy_admits_the_label_the_operator_puts_on_its_objects() {
+        let policy = include_str!("../../../charts/tidegate/templates/admission-policy.yaml");
+        let labels = common_labels("p");
+        let (key, value) = labels
+            .iter()
+            .find(|(k, _)| k.as_str() == "app.kubernetes.io/managed-by")
+            .expect("the operator labels what it manages");
+        assert!(
+            policy.contains(&format!("expression: \"'{key}'\"")),
+            "the policy's label key must be {key}"
+        );
+        assert!(
+            policy.contains(&format!("== '{value}'")),
+            "the policy must admit {key}={value}"
+        );
+        for kind in [
+            "deployments",
+            "services",
+            "secrets",
+            "configmaps",
+            "pods",
+            "poddisruptionbudgets",
+        ] {
+            assert!(policy.contains(kind), "the policy must cover {kind}");
+        }
+    }
+
+    #[test]
     fn the_charts_pod_monitors_select_the_labels_the_operator_puts_on_pods() {
         let values = include_str!("../../../charts/tidegate/values.yaml");
         for (monitor, app) in [("engineMonitor", ENGINE_APP), ("routerMonitor", ROUTER_APP)] {
