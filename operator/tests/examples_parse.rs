@@ -51,3 +51,45 @@ fn invalid_examples_say_what_the_server_must_answer() {
         );
     }
 }
+
+/// The one InferencePool in an example file.
+fn pool_in(path: &Path) -> InferencePool {
+    let text = std::fs::read_to_string(path).expect("read");
+    serde_saphyr::from_str(&text).expect("parse pool")
+}
+
+#[test]
+fn the_cluster_examples_parse_and_every_pool_names_a_claim() {
+    let dir = examples().join("cluster");
+    let pools: Vec<InferencePool> = yaml_files(&dir)
+        .iter()
+        .filter(|p| std::fs::read_to_string(p).is_ok_and(|t| t.contains("kind: InferencePool")))
+        .map(|p| pool_in(p))
+        .collect();
+    assert_eq!(pools.len(), 2, "the CPU production pool and the demo pool");
+    for pool in &pools {
+        assert!(
+            pool.spec.model.uri.starts_with("pvc://model-weights/"),
+            "{}: a cluster pool reads its model from the claim of 10-model-volumes.yaml",
+            pool.spec.model.uri
+        );
+    }
+}
+
+#[test]
+fn the_cluster_demo_pool_is_the_local_demo_pool_with_its_model_on_a_claim() {
+    let local = pool_in(&examples().join("local/pool.yaml"));
+    let mut cluster = pool_in(&examples().join("cluster/demo-pool.yaml"));
+    let local_model = local.spec.model.uri.rsplit('/').next().expect("a path");
+    assert_eq!(
+        cluster.spec.model.uri,
+        format!("pvc://model-weights/{local_model}"),
+        "the same model, on the claim"
+    );
+    cluster.spec.model.uri = local.spec.model.uri.clone();
+    assert_eq!(
+        serde_json::to_value(&cluster).expect("json"),
+        serde_json::to_value(&local).expect("json"),
+        "examples/cluster/demo-pool.yaml differs from examples/local/pool.yaml in more than the model's place"
+    );
+}
