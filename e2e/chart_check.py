@@ -207,7 +207,7 @@ def invariants(rendered: str, mode: str) -> None:
         ("", "secrets"): {"get", "create"},
         ("", "configmaps"): {"get", "create", "patch", "delete"},
         ("policy", "poddisruptionbudgets"): {"get", "list", "watch", "create", "patch"},
-        ("", "pods"): {"list", "patch"},
+        ("", "pods"): {"list", "watch", "patch"},
         ("events.k8s.io", "events"): {"create", "patch"},
     }
     if "--leader-election" in args:

@@ -56,6 +56,16 @@ wait_for() {
 }
 
 # build_binaries PROFILE: builds tidegate-operator and tidegate-engine, debug or release.
+# wait_file FILE SECONDS: until FILE exists (a background client's "in flight" mark).
+wait_file() {
+    local i
+    for i in $(seq 1 $(($2 * 10))); do
+        [ -e "$1" ] && return 0
+        sleep 0.1
+    done
+    return 1
+}
+
 build_binaries() {
     local flags=()
     [ "$1" = release ] && flags=(--release)

@@ -11,7 +11,8 @@ carries one of three session ids of its tenant (x-session-id). Standard library 
               --duration 120 --stop-file F [--errors-out errors.txt]
   load.py probe --targets F [--routers R [--pool P]] --tenant T --tier free
               # prints "STATUS TYPE RETRY_AFTER ENGINE"
-  load.py stream --targets F --index I --tokens N          # prints "ok" after [DONE], else the error
+  load.py stream --targets F (--index I | --routers R) --tokens N [--started-file F]
+              # prints "ok" after [DONE], else the error (or the router's error event)
 """
 import argparse
 import http.client
@@ -171,21 +172,34 @@ def probe(args):
 
 
 def stream(args):
-    ts = targets(args.targets)
-    if len(ts) <= args.index:
+    ts = front(args) if args.routers else targets(args.targets)[args.index:]
+    if not ts:
         print("no such target")
         sys.exit(1)
     try:
-        conn, resp = request(ts[args.index], args.tenant, "enterprise", args.tokens, stream=True, timeout=120)
+        conn, resp = request(ts[0], args.tenant, "enterprise", args.tokens, stream=True, timeout=120)
         if resp.status != 200:
             print(f"HTTP {resp.status}")
             sys.exit(1)
         done = False
+        started = False
+        broken = None
         for line in resp:
+            if not started and line.startswith(b"data: {") and args.started_file:
+                # The stream is in flight: whoever kills its engine waits for this. It holds
+                # the engine that answers (the router's x-tidegate-engine), when known.
+                started = True
+                with open(args.started_file, "w") as f:
+                    f.write(resp.getheader("x-tidegate-engine") or "-")
+            if line.startswith(b'data: {"error"'):
+                broken = json.loads(line[len(b"data: "):])["error"]
             if line.strip() == b"data: [DONE]":
                 done = True
-        print("ok" if done else "stream ended without [DONE]")
-        sys.exit(0 if done else 1)
+        if broken:
+            print(f"error event {broken.get('code')}: {broken.get('message')}")
+        else:
+            print("ok" if done else "stream ended without [DONE]")
+        sys.exit(0 if done and not broken else 1)
     except (EngineGone, OSError, http.client.HTTPException) as e:
         print(f"error {type(e).__name__}: {e}")
         sys.exit(1)
@@ -216,6 +230,9 @@ def main():
     s = sub.add_parser("stream")
     s.add_argument("--targets", required=True)
     s.add_argument("--index", type=int, default=0)
+    s.add_argument("--routers", help="routers file: stream through the pool's router")
+    s.add_argument("--pool", help="the pool whose router to use (default: the first)")
+    s.add_argument("--started-file", help="created when the first token arrives")
     s.add_argument("--tokens", type=int, default=200)
     s.add_argument("--tenant", default="tenant-000")
     args = p.parse_args()

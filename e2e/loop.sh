@@ -80,44 +80,9 @@ else
 fi
 
 # --- The pool and its tiers.
-kubectl apply -f - >/dev/null <<EOF
-apiVersion: tidegate.dev/v1alpha1
-kind: TierPolicy
-metadata: {name: tiers, namespace: $NS}
-spec:
-  defaultTier: free
-  tiers:
-    - {name: enterprise, priority: 100, queueWaitTarget: 5s, admission: {pausable: false}}
-    - {name: standard, priority: 50, queueWaitTarget: 8s}
-    - {name: free, priority: 10, queueWaitTarget: 10s, kvRetention: {onPressure: Drop}}
-  tenancy:
-    gatewayHeaders: {tenantHeader: x-tidegate-tenant, tierHeader: x-tidegate-tier}
----
-apiVersion: tidegate.dev/v1alpha1
-kind: InferencePool
-metadata: {name: $POOL, namespace: $NS}
-spec:
-  model: {name: tiny-random, uri: "file://$WORK/model"}
-  engine:
-    image: tidegate-engine:local
-    resources: {gpus: 0, memory: 256Mi}
-    kvCache: {memoryFraction: 0.2, hostOffload: 64Mi}
-    maxBatchSize: 4
-    maxQueuedRequests: 64
-    drainGracePeriod: 60s
-    extraArgs: ${E2E_ENGINE_ARGS:-[]}
-  replicas: {min: 1, max: 3}
-  slo: {tokensPerSecondPerSession: 50, queueWaitP99: 300ms, targetUtilization: 0.7}
-  scaling:
-    interval: 2s
-    scaleUpStabilization: 0s
-    scaleDownStabilization: 10s
-    maxScaleUpStep: 1
-    maxScaleDownStep: 1
-    metrics: {source: Prometheus, prometheusUrl: "http://127.0.0.1:$PROM_PORT", rateWindow: 5s, staleAfter: 8s}
-  admission: {pauseThreshold: 0.9, resumeThreshold: 0.5, pauseAfter: 4s, holdTime: 10s, retryAfter: 2s}
-  tierPolicyRef: {name: tiers}
-EOF
+loop_pool_manifests "file://$WORK/model" "    extraArgs: ${E2E_ENGINE_ARGS:-[]}" \
+    "{source: Prometheus, prometheusUrl: \"http://127.0.0.1:$PROM_PORT\", rateWindow: 5s, staleAfter: 8s}" \
+    | kubectl apply -f - >/dev/null
 check "TierPolicy and InferencePool applied" kubectl -n "$NS" get inferencepool "$POOL"
 
 "$ENGINE" gen-random-model --out "$WORK/model" >"$WORK/gen-model.log" 2>&1 ||
@@ -147,39 +112,8 @@ wait_context() {
 is() { [ "$(jp "$1")" = "$2" ]; }
 ge() { [ "$(jp "$1")" -ge "$2" ] 2>/dev/null; }
 
-# registry_tenants: the tenant ids of the pool's registry file, one a line (the encoding of
-# operator/src/registry.rs: deflated; version, tier table, count, newest, front-coded ids).
-registry_tenants() {
-    python3 - "$WORK/local/registry/${NS}_${POOL}.tenants.bin" <<'PY'
-import sys, zlib
-raw = zlib.decompress(open(sys.argv[1], "rb").read(), -15)
-pos = 1
-def varint():
-    global pos
-    n = shift = 0
-    while True:
-        b = raw[pos]
-        pos += 1
-        n |= (b & 0x7F) << shift
-        shift += 7
-        if b < 0x80:
-            return n
-def blob():
-    global pos
-    n = varint()
-    pos += n
-    return raw[pos - n:pos]
-assert raw[0] == 1, "registry format version"
-for _ in range(varint()):
-    blob()
-count, _newest = varint(), varint()
-prev = b""
-for _ in range(count):
-    shared = varint()
-    prev = prev[:shared] + blob()
-    print(prev.decode())
-PY
-}
+# registry_tenants: the tenant ids of the pool's registry file, one a line.
+registry_tenants() { python3 e2e/registry_tenants.py "$WORK/local/registry/${NS}_${POOL}.tenants.bin"; }
 
 # kill_operator_mid_scale: raises the ceiling while paused and SIGKILLs the operator once it
 # ordered the 4th replica; notes the admission since and the registry's tenants first.
@@ -265,28 +199,15 @@ PIDS+=("$LOAD_PID")
 
 wait_for "replicas grow to 3" 150 ge '{.status.replicas}' 3
 wait_for "admission paused for new tenants at the ceiling" 120 is '{.status.admission.state}' PausedNewTenants
-table=$(kubectl -n "$NS" get inferencepools)
-echo "$table" | sed 's/^/       | /'
-grep -q PausedNewTenants <<<"$table" && pass "kubectl get inferencepools shows PausedNewTenants" ||
-    fail "kubectl get inferencepools shows PausedNewTenants" "$table"
-
-read -r code typ retry _ < <(python3 e2e/load.py probe --targets "$TARGETS" --routers "$ROUTERS" --tenant brand-new-tenant --tier free)
-if [ "$code" = 503 ] && [ "$typ" = new_tenant_admission_paused ] && [ "$retry" != - ]; then
-    pass "new tenant of a pausable tier, at the router: 503 $typ, Retry-After $retry"
-else
-    fail "new tenant of a pausable tier: 503 new_tenant_admission_paused with Retry-After" "got $code $typ $retry"
-fi
-read -r code typ _ < <(python3 e2e/load.py probe --targets "$TARGETS" --routers "$ROUTERS" --tenant tenant-001 --tier standard)
-[ "$code" = 200 ] && pass "existing tenant, through the router: 200" || fail "existing tenant: 200" "got $code $typ"
-read -r code typ _ < <(python3 e2e/load.py probe --targets "$TARGETS" --routers "$ROUTERS" --tenant new-enterprise --tier enterprise)
-[ "$code" = 200 ] && pass "new tenant of a non-pausable tier: 200" || fail "new tenant of a non-pausable tier: 200" "got $code $typ"
+check_paused_admission "at the router"
 
 # --- Kill an engine in the middle of a stream: the other streams finish, the pool recovers.
-python3 e2e/load.py stream --targets "$TARGETS" --index 0 --tokens 900 >"$WORK/stream-victim.txt" 2>&1 &
+python3 e2e/load.py stream --targets "$TARGETS" --index 0 --tokens 900 --started-file "$WORK/victim-started" \
+    >"$WORK/stream-victim.txt" 2>&1 &
 VICTIM_STREAM=$!
 python3 e2e/load.py stream --targets "$TARGETS" --index 1 --tokens 200 >"$WORK/stream-other.txt" 2>&1 &
 OTHER_STREAM=$!
-sleep 0.3
+wait_file "$WORK/victim-started" 10 || fail "the stream on the engine to kill started" "$(cat "$WORK/stream-victim.txt")"
 victim_port=$(python3 -c "import json;print(json.load(open('$TARGETS'))[0]['targets'][0].split(':')[1])")
 victim_pid=$(pgrep -f -- "--listen 127.0.0.1:$victim_port" | head -1)
 if [ -n "$victim_pid" ]; then
@@ -299,8 +220,11 @@ fi
 wait_for "the router marks the killed engine down and sends it nothing new" 5 \
     bash -c "grep -h 'engine health changed' '$WORK'/local/logs/*router*.log 2>/dev/null | sed 's/\x1b\[[0-9;]*m//g' | grep -q 'to=Down'"
 wait "$OTHER_STREAM" && pass "a stream on another engine completed" || fail "a stream on another engine completed" "$(cat "$WORK/stream-other.txt")"
-wait "$VICTIM_STREAM"
-pass "the killed engine's stream ended for its client ($(cat "$WORK/stream-victim.txt"))"
+if wait "$VICTIM_STREAM"; then
+    fail "the killed engine's own stream ended for its client without [DONE]" "it completed: killed too late"
+else
+    pass "the killed engine's own stream ended for its client without [DONE] ($(cat "$WORK/stream-victim.txt"))"
+fi
 wait_for "the pool recovers: 3 ready replicas again" 90 ge '{.status.readyReplicas}' 3
 
 # --- Operator restart while paused and mid-scale. The ceiling goes up to 4 while new tenants
@@ -386,22 +310,7 @@ grep -q '"served/existing"' "$WORK/load.json" && pass "existing tenants were ser
 kubectl -n "$NS" get inferencepools | sed 's/^/       | /'
 # --- Scale from zero: a pool at min 0 runs no engine, only its router. One request is held
 # there; the operator reads the held count, scales 0 → 1, and the request is answered.
-kubectl apply -f - >/dev/null <<EOF
-apiVersion: tidegate.dev/v1alpha1
-kind: InferencePool
-metadata: {name: zero, namespace: $NS}
-spec:
-  model: {name: tiny-random, uri: "file://$WORK/model"}
-  engine:
-    image: tidegate-engine:local
-    resources: {gpus: 0, memory: 256Mi}
-    kvCache: {memoryFraction: 0.2}
-    maxBatchSize: 4
-  replicas: {min: 0, max: 1}
-  scaling: {interval: 1s, scaleDownStabilization: 600s}
-  router: {holdTimeout: 90s}
-  tierPolicyRef: {name: tiers}
-EOF
+loop_zero_pool_manifest "file://$WORK/model" "" "" 90s | kubectl apply -f - >/dev/null
 zp() { kubectl -n "$NS" get inferencepool zero -o jsonpath="$1" 2>/dev/null; }
 zero_router_up() {
     python3 -c 'import json,sys; sys.exit(0 if any(r["pool"] == "zero" for r in json.load(open(sys.argv[1]))) else 1)' "$ROUTERS" 2>/dev/null &&

@@ -30,7 +30,8 @@ A single-node Kubernetes $K8S_VERSION cluster on this machine (run as root).
 
 Commands:
   up         build or fetch what is missing (cached, keyed by version), start the cluster and
-             wait until its node is Ready; loads every image built by \`images\` before
+             wait until its node is Ready; loads every image built by \`images\` before.
+             State left by a cluster that ended without \`down\` is removed first
   down       stop the processes \`up\` started (by pid), remove every pod, and put back what
              the cluster changed on the host (mounts, the pod bridge, iptables rules,
              sysctls, cgroups, paths); then delete the cluster's state
@@ -63,6 +64,13 @@ cmd_up() {
         return 0
     fi
     local t0=$SECONDS ip
+    if [ -d "$STATE" ]; then
+        # An earlier cluster ended without `down` (a killed session, a reboot): its etcd
+        # still holds that run's pools and releases. Start from a clean cluster instead of
+        # resuming a half-remembered one; `down` also puts the host back as that `up` found it.
+        log "a cluster that is not running left its state at $STATE: removing it first"
+        cmd_down
+    fi
     cmd_install
     ip=$(node_ip)
     mkdir -p "$STATE"

@@ -3,7 +3,7 @@
 # checks against real parts (a real single-node Kubernetes cluster, the Kubernetes API
 # server, Prometheus, engine processes). It first installs what they need
 # (scripts/test-deps.sh: seconds once cached; the first time about 20 minutes on 2 cores).
-# The cluster e2e needs root.
+# The cluster e2e scripts need root.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -27,9 +27,9 @@ step "cargo test --workspace"
 cargo test --workspace --quiet
 
 failed=0
-for script in e2e/api-slice.sh e2e/bad-object.sh e2e/chart.sh e2e/argocd-health.sh e2e/promql.sh e2e/openai-client.sh e2e/loop.sh e2e/local-mode.sh e2e/cluster.sh; do
+for script in e2e/api-slice.sh e2e/bad-object.sh e2e/chart.sh e2e/argocd-health.sh e2e/promql.sh e2e/openai-client.sh e2e/loop.sh e2e/local-mode.sh e2e/cluster.sh e2e/cluster-loop.sh; do
     [ -f "$script" ] || continue
-    if [ "$script" = e2e/cluster.sh ] && [ "$(id -u)" != 0 ]; then
+    if [[ $script = e2e/cluster*.sh ]] && [ "$(id -u)" != 0 ]; then
         step "bash $script: NOT RUN: it needs root (the kubelet, containerd and the pod network)"
         failed=$((failed + 1))
         continue

@@ -117,13 +117,16 @@ kubectl get inferencepools.tidegate.dev -A | sed 's/^/       /'
 echo "   kubectl get inferencepools,deploy,pods -A -o wide (mid-run):"
 kubectl get inferencepools.tidegate.dev,deploy,pods -A -o wide | sed 's/^/       /'
 
-# The engine sized its KV pool within what its container can have, and said which bound.
+# The engine sized its KV pool within what its container can have: it read its own cgroup's
+# memory limit (the pod's), and said which bound applied.
 engine=$(engine_pods inference/smollm2-chat | head -1)
-if kubectl -n inference logs "$engine" 2>/dev/null | grep -q 'cgroup memory limit\|--memory-limit'; then
-    pass "inference/smollm2-chat: the engine sized its KV pool from its container's memory bound: $(kubectl -n inference logs "$engine" | grep -o '"why":"[^"]*"' | head -1)"
+limit=$(kubectl -n inference get pod "$engine" -o jsonpath='{.spec.containers[0].resources.limits.memory}')
+why=$(kubectl -n inference logs "$engine" 2>/dev/null | grep -o '"why":"[^"]*"' | head -1)
+if grep -q "cgroup memory limit 1024.0 MiB" <<<"$why"; then
+    pass "inference/smollm2-chat: the engine sized its KV pool within its container (limit $limit), read from its cgroup: $why"
 else
-    fail "inference/smollm2-chat: the engine's log names the memory bound its KV pool was sized from" \
-        "$(kubectl -n inference logs "$engine" 2>&1 | head -20)"
+    fail "inference/smollm2-chat: the engine's KV sizing names its cgroup's memory limit ($limit)" \
+        "${why:-$(kubectl -n inference logs "$engine" 2>&1 | head -20)}"
 fi
 
 # An engine pod deleted with a stream in flight (a kubelet's termination, for real): the preStop sleep, then SIGTERM; the engine drains, the stream finishes with
@@ -165,3 +168,30 @@ check "$drain_pool: the deleted engine exited 0 (exit code $(cat "$WORK/exit-cod
     bash -c "[ \"$(cat "$WORK/exit-code" 2>/dev/null)\" = 0 ] && [ $took -le $grace ]"
 wait_for "$drain_pool: the ReplicaSet replaced it, Ready by its probes" 180 rollout "$drain_pool"
 wait_for "$drain_pool: status says 1 ready replica again" 120 pool_ready "$drain_pool"
+
+# A model shipped as an OCI image: packaged here (no registry), loaded into the node's
+# containerd, and mounted by the kubelet as an image volume; the pod answers a chat completion.
+echo "== a model as an OCI image (image volume)"
+MODEL_IMAGE=tidegate.local/models/smollm2-135m:q4_1
+GGUF=$(ls models/smollm2/*.gguf | head -1)
+if python3 scripts/cluster/images/oci-image.py --out "$WORK/model-image.tar" --name "$MODEL_IMAGE" \
+    --file "$GGUF:/$(basename "$GGUF")" && bash "$CLUSTER" load "$WORK/model-image.tar" >/dev/null; then
+    pass "the SmolLM2 GGUF file packaged as image $MODEL_IMAGE ($(du -m "$WORK/model-image.tar" | cut -f1) MiB) and loaded into the node"
+else
+    fail "packaging the model as an OCI image and loading it"
+fi
+OCI_POOL=examples/cluster/oci-model/smollm2-oci-pool.yaml
+if "$OPERATOR_BIN" render -f "$OCI_POOL" 2>/dev/null | grep -A3 '^ *- image:$' | grep -q "reference: $MODEL_IMAGE"; then
+    pass "tidegate-operator render shows the model's image volume"
+else
+    fail "tidegate-operator render shows the model's image volume" "$("$OPERATOR_BIN" render -f "$OCI_POOL" 2>&1 | grep -B2 -A4 'name: model' | head -20)"
+fi
+check "kubectl apply -f $OCI_POOL" kubectl apply -f "$OCI_POOL"
+wait_for "inference/smollm2-oci: the engine pod mounts the image volume and turns Ready" 240 rollout inference/smollm2-oci
+volume=$(kubectl -n inference get deploy smollm2-oci -o jsonpath='{.spec.template.spec.volumes[?(@.name=="model")].image.reference}')
+[ "$volume" = "$MODEL_IMAGE" ] && pass "its Deployment mounts volume model from image $volume" ||
+    fail "its Deployment mounts the model's image volume" "volume model: '$volume'"
+check_chat inference/smollm2-oci "tenant acme (model from an image)" "authorization: Bearer example-acme-enterprise-key"
+kubectl delete -f "$OCI_POOL" --wait=true >/dev/null 2>&1 || true
+oci_pods_gone() { [ -z "$(kubectl -n inference get pods -l tidegate.dev/pool=smollm2-oci -o name 2>/dev/null)" ]; }
+wait_for "inference/smollm2-oci deleted: its pods are gone" 90 oci_pods_gone

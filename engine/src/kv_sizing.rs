@@ -7,7 +7,7 @@
 //! says 64Gi on a 23 GiB node gets 23 GiB, not a pool it can never touch), less what the
 //! process already holds (the loaded weights) and the host offload tier (it lives in the same
 //! memory); without any limit it is the free memory less the host tier. The reason logged
-//! names the bound that applied and the larger ones it overrode. The pool is touched at start (`KvStore::new`), so a size that does not fit fails at
+//! names the bound that applied and every bound it was the smallest of. The pool is touched at start (`KvStore::new`), so a size that does not fit fails at
 //! start, not under load.
 //!
 //! Invariants: an explicit block count always wins; a sizing that leaves no room, or room for
@@ -171,9 +171,10 @@ pub fn check_device_fit(
 }
 
 /// The memory the process can really have when something limits it: the smallest of
-/// `--memory-limit`, the cgroup's limit and the machine's memory, named, with the larger
-/// bounds it overrode (` (--memory-limit 65536.0 MiB is above it)`). None without any limit:
-/// the caller then sizes from the free memory.
+/// `--memory-limit`, the cgroup's limit and the machine's memory, named, with every bound it
+/// was chosen from (` (smallest of --memory-limit 65536.0 MiB, machine memory 23552.0 MiB)`),
+/// so the log shows what the engine saw of its container. None without any limit: the caller
+/// then sizes from the free memory.
 fn memory_bound(facts: &MemoryFacts) -> Option<(u64, &'static str, String)> {
     facts.limit_flag.or(facts.cgroup_limit)?;
     let bounds = [
@@ -181,18 +182,21 @@ fn memory_bound(facts: &MemoryFacts) -> Option<(u64, &'static str, String)> {
         ("cgroup memory limit", facts.cgroup_limit),
         ("machine memory", facts.total),
     ];
-    let known = bounds.iter().filter_map(|(name, b)| b.map(|b| (*name, b)));
-    let (name, bound) = known.clone().min_by_key(|(_, b)| *b)?;
-    let above: Vec<String> = known
-        .filter(|(n, b)| *n != name && *b > bound)
-        .map(|(n, b)| format!("{n} {} is above it", Mib(b)))
+    let known: Vec<(&'static str, u64)> = bounds
+        .iter()
+        .filter_map(|(name, b)| b.map(|b| (*name, b)))
         .collect();
-    let overridden = if above.is_empty() {
-        String::new()
+    let (name, bound) = known.iter().copied().min_by_key(|(_, b)| *b)?;
+    let of = if known.len() > 1 {
+        let all: Vec<String> = known
+            .iter()
+            .map(|(n, b)| format!("{n} {}", Mib(*b)))
+            .collect();
+        format!(" (smallest of {})", all.join(", "))
     } else {
-        format!(" ({})", above.join(", "))
+        String::new()
     };
-    Some((bound, name, overridden))
+    Some((bound, name, of))
 }
 
 /// `fraction × room` in whole blocks, or why there is no room for one.
@@ -315,9 +319,10 @@ mod tests {
         };
         let s = size_kv_pool(&req(None, Some(0.5), 0), &facts).expect("size");
         assert_eq!(s.blocks, 23 * 512, "{}", s.why);
-        assert!(s.why.contains("machine memory 23552.0 MiB"), "{}", s.why);
         assert!(
-            s.why.contains("--memory-limit 65536.0 MiB is above it"),
+            s.why.contains(
+                "machine memory 23552.0 MiB (smallest of --memory-limit 65536.0 MiB, machine memory 23552.0 MiB)"
+            ),
             "{}",
             s.why
         );
@@ -334,7 +339,7 @@ mod tests {
             "{}",
             s.why
         );
-        // The flag below both applies, and names the bounds above it.
+        // The flag below both applies, and the reason lists every bound it saw.
         let flag = MemoryFacts {
             limit_flag: Some(1024 * MIB),
             ..cgroup
@@ -342,7 +347,7 @@ mod tests {
         let s = size_kv_pool(&req(None, Some(0.5), 0), &flag).expect("size");
         assert_eq!(s.blocks, 512, "{}", s.why);
         assert!(
-            s.why.contains("--memory-limit 1024.0 MiB (cgroup memory limit 2048.0 MiB is above it, machine memory 23552.0 MiB is above it)"),
+            s.why.contains("--memory-limit 1024.0 MiB (smallest of --memory-limit 1024.0 MiB, cgroup memory limit 2048.0 MiB, machine memory 23552.0 MiB)"),
             "{}",
             s.why
         );

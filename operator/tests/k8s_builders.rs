@@ -215,6 +215,53 @@ fn model_uris() {
     assert!(model_location("pvc://claim/../etc").is_err());
     assert!(model_location("s3://bucket/x").is_err());
     assert!(model_location("file://relative").is_err());
+    let oci = model_location("oci://registry.example.com:5000/models/m:q4").expect("oci");
+    assert_eq!(
+        (
+            oci.path.as_str(),
+            oci.image.as_deref(),
+            oci.claim.as_deref()
+        ),
+        (
+            "/model",
+            Some("registry.example.com:5000/models/m:q4"),
+            None
+        )
+    );
+    let digest = format!("oci://r/m@sha256:{}", "a".repeat(64));
+    assert!(model_location(&digest).is_ok_and(|l| l.image.is_some()));
+    // No tag or digest means :latest, pulled every time: refused.
+    assert!(model_location("oci://registry.example.com:5000/models/m").is_err());
+    assert!(model_location("oci://").is_err());
+}
+
+#[test]
+fn an_oci_model_is_an_image_volume_mounted_read_only_at_model() {
+    let s = spec(serde_json::json!({
+        "model": {"name": "m", "uri": "oci://r.example/models/m:1"},
+        "engine": {"image": "e", "resources": {"gpus": 0}}
+    }));
+    let d = deployment::deployment("p", "ns", &s, 1, vec![]).expect("deployment");
+    let pod = d.spec.expect("spec").template.spec.expect("pod spec");
+    let vol = pod
+        .volumes
+        .iter()
+        .flatten()
+        .find(|v| v.name == "model")
+        .expect("a model volume");
+    let image = vol.image.as_ref().expect("an image volume");
+    assert_eq!(image.reference.as_deref(), Some("r.example/models/m:1"));
+    assert_eq!(image.pull_policy.as_deref(), Some("IfNotPresent"));
+    let m = pod.containers[0]
+        .volume_mounts
+        .iter()
+        .flatten()
+        .find(|m| m.name == "model")
+        .expect("mounted");
+    assert_eq!((m.mount_path.as_str(), m.read_only), ("/model", Some(true)));
+    let args = pod.containers[0].args.clone().unwrap_or_default();
+    let at = args.iter().position(|a| a == "--model").expect("--model");
+    assert_eq!(args[at + 1], "/model");
 }
 
 /// Readiness on /readyz and liveness on /healthz, both through the `http` port (the engine

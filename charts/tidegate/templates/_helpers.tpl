@@ -96,11 +96,12 @@ grant exactly the same thing.
   resources: ["configmaps"]
   verbs: ["get", "create", "patch", "delete"]
 # Engine and router pods: listed by the pool's selectors for readiness and their addresses
-# (drain before scale-down; policy and engine-set pushes); patched with
+# (drain before scale-down; policy and engine-set pushes); engine pods watched so that one
+# that leaves or stops being Ready reaches the routers at once; patched with
 # controller.kubernetes.io/pod-deletion-cost on a drained pod so the ReplicaSet removes it.
 - apiGroups: [""]
   resources: ["pods"]
-  verbs: ["list", "patch"]
+  verbs: ["list", "watch", "patch"]
 # Events on pools (scaling decisions, admission pause and resume; patch: an event series).
 - apiGroups: ["events.k8s.io"]
   resources: ["events"]

@@ -241,8 +241,13 @@ impl Dispatcher {
     /// name; a new one starts `NotReady` until its first probe.
     pub fn set_endpoints(self: &Arc<Self>, want: &[RouterEndpoint]) {
         let mut g = self.lock();
+        let mut change = SetChange::default();
         for e in g.engines.iter_mut() {
-            e.removed = !want.iter().any(|w| w.name == e.name && w.url == e.url);
+            let removed = !want.iter().any(|w| w.name == e.name && w.url == e.url);
+            if removed && !e.removed {
+                change.removed.push(e.name.clone());
+            }
+            e.removed = removed;
         }
         for w in want {
             if let Some(e) = g
@@ -250,8 +255,12 @@ impl Dispatcher {
                 .iter_mut()
                 .find(|e| e.name == w.name && e.url == w.url)
             {
+                if e.accepting && !w.accepting {
+                    change.draining.push(e.name.clone());
+                }
                 e.accepting = w.accepting;
             } else {
+                change.added.push(w.name.clone());
                 let id = g.next_id;
                 g.next_id += 1;
                 g.engines.push(EngineSlot {
@@ -265,6 +274,7 @@ impl Dispatcher {
                 });
             }
         }
+        change.log();
         g.prune();
         let names: Vec<&str> = g
             .ring_members
@@ -506,5 +516,23 @@ impl Dispatcher {
         }
         let held = g.queue.held();
         self.observer.gauges(g.queue.len() - held, held, &states);
+    }
+}
+
+/// What an endpoint push changed, logged so that the router's log tells when an engine
+/// joined, left (its pod deleted) or began to drain.
+#[derive(Debug, Default)]
+struct SetChange {
+    added: Vec<String>,
+    removed: Vec<String>,
+    draining: Vec<String>,
+}
+
+impl SetChange {
+    fn log(&self) {
+        if self.added.is_empty() && self.removed.is_empty() && self.draining.is_empty() {
+            return;
+        }
+        tracing::info!(added = ?self.added, removed = ?self.removed, draining = ?self.draining, "engine set changed");
     }
 }

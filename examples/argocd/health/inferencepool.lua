@@ -7,7 +7,8 @@
 -- Degraded     CapacityExhausted=True (at max replicas or the GPU budget and still over the
 --              SLO: new tenants are being paused), MetricsAvailable=False (the operator holds
 --              its last decision), the referenced TierPolicy is missing or unreadable, or
---              the operator cannot read the pool's spec (Ready=False InvalidSpec).
+--              the operator cannot read the pool's spec (Ready=False InvalidSpec), or
+--              the pool's oci:// model cannot be mounted here (ModelVolumeUnsupported).
 -- The message is the deciding condition's message.
 --
 -- Written for Argo CD's Lua 5.1 (gopher-lua) and runs unchanged on Lua 5.4.
@@ -74,6 +75,7 @@ local needs_a_fix = {
   TierPolicyNotFound = "The referenced TierPolicy does not exist",
   TierPolicyInvalid = "The referenced TierPolicy cannot be read by the operator",
   InvalidSpec = "The operator cannot read this pool's spec",
+  ModelVolumeUnsupported = "This cluster cannot mount the pool's model image",
 }
 local ready = condition(status, "Ready")
 if ready ~= nil and ready.status == "False" and needs_a_fix[ready.reason] ~= nil then

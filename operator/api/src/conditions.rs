@@ -26,6 +26,9 @@ pub mod reasons {
     pub const TIER_POLICY_INVALID: &str = "TierPolicyInvalid";
     /// The pool's own spec cannot be read by the operator (the message names the field).
     pub const INVALID_SPEC: &str = "InvalidSpec";
+    /// The model is an OCI image (`oci://`) and this cluster cannot mount image volumes (the
+    /// message names the version or the gate, and the fix); nothing is applied.
+    pub const MODEL_VOLUME_UNSUPPORTED: &str = "ModelVolumeUnsupported";
     // MetricsAvailable
     pub const METRICS_FRESH: &str = "MetricsFresh";
     pub const METRICS_UNREACHABLE: &str = "MetricsUnreachable";

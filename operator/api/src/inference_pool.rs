@@ -211,9 +211,16 @@ pub struct ModelSpec {
         regex(pattern = r"^[A-Za-z0-9][A-Za-z0-9._:/-]*$")
     )]
     pub name: String,
-    /// Where the weights are: a path inside the pod (`file:///models/llama`), or a volume the
-    /// engine mounts (`pvc://CLAIM/PATH`). Nothing is downloaded at run time.
-    #[schemars(length(min = 1, max = 1024), regex(pattern = r"^(file|pvc)://.+$"))]
+    /// Where the weights are: a path inside the pod (`file:///models/llama`), a volume the
+    /// engine mounts (`pvc://CLAIM/PATH`), or an OCI image whose files are the model, mounted
+    /// as an image volume (`oci://REGISTRY/NAME:TAG` or `@sha256:DIGEST`; Kubernetes 1.33+
+    /// with the ImageVolume feature, GA in 1.36). Nothing is downloaded by the engine.
+    #[schemars(
+        length(min = 1, max = 1024),
+        regex(
+            pattern = r"^((file|pvc)://.+|oci://[^\s/][^\s]*(:[A-Za-z0-9_][A-Za-z0-9_.-]*|@sha256:[a-f0-9]{64}))$"
+        )
+    )]
     pub uri: String,
     /// Weight format. Auto detects it from the files found at uri.
     #[serde(default)]

@@ -30,8 +30,10 @@ use tidegate_api::status::InferencePoolStatus;
 use tidegate_api::{InferencePool, TierPolicy, TierPolicySpec};
 use tracing::{info, warn};
 
+use super::deployment::model_location;
+use super::image_volumes::{ImageVolumes, Support};
 use super::lenient::Lenient;
-use super::unreadable;
+use super::{render, unreadable};
 
 use super::api_keys::parse_api_keys;
 use super::events::EventSink;
@@ -100,6 +102,8 @@ pub struct Context<W, M, E, R> {
     pub dirty: Arc<Mutex<HashSet<PoolRef>>>,
     /// Read API keys from Secrets (off where the API server has no Secrets).
     pub read_secrets: bool,
+    /// Whether this cluster mounts oci:// models (image volumes); found out on first use.
+    pub image_volumes: ImageVolumes,
     books: Mutex<HashMap<PoolRef, PoolBook>>,
 }
 
@@ -127,6 +131,7 @@ where
             clock: system_clock(),
             dirty: Arc::default(),
             read_secrets: true,
+            image_volumes: ImageVolumes::default(),
             books: Mutex::new(HashMap::new()),
         }
     }
@@ -278,6 +283,68 @@ fn mark_policy_problem(
         .extend(merged.into_iter().filter(|c| c.type_ == types::READY));
 }
 
+/// Why the pool's model cannot be mounted here: an `oci://` model on a cluster without image
+/// volumes. None for every other model, and when the cluster mounts them.
+async fn unmountable_model<W, M, E, R>(
+    pool: &InferencePool,
+    ns: &str,
+    ctx: &Context<W, M, E, R>,
+) -> Result<Option<String>, Error> {
+    let is_image = model_location(&pool.spec.model.uri).is_ok_and(|m| m.image.is_some());
+    if !is_image {
+        return Ok(None);
+    }
+    // The pool's own engine Deployment is what the dry run asks about; a spec the builder
+    // refuses is the driver's to report.
+    let Ok(objects) = render::pool_objects(&pool.name_any(), ns, &pool.spec, 1, Vec::new()) else {
+        return Ok(None);
+    };
+    match ctx
+        .image_volumes
+        .check(&ctx.client, ns, &objects.deployment)
+        .await?
+    {
+        Support::Yes => Ok(None),
+        Support::No(why) => Ok(Some(why)),
+    }
+}
+
+/// Writes Ready=False, reason ModelVolumeUnsupported, on a pool whose model cannot be mounted;
+/// nothing is applied for it.
+async fn report_unmountable_model(
+    client: &Client,
+    pool: &InferencePool,
+    ns: &str,
+    why: String,
+    now: Millis,
+) -> Result<(), Error> {
+    let generation = pool.meta().generation;
+    let previous = pool.status.clone().unwrap_or_default();
+    let planned = [ConditionPlan {
+        type_: types::READY,
+        status: cstatus::FALSE,
+        reason: reasons::MODEL_VOLUME_UNSUPPORTED,
+        message: format!("spec.model.uri {}: {why}", pool.spec.model.uri),
+    }];
+    let merged = merge_conditions(&previous.conditions, &planned, now, generation);
+    let mut status = previous;
+    status.observed_generation = generation;
+    status.conditions.retain(|c| c.type_ != types::READY);
+    status
+        .conditions
+        .extend(merged.into_iter().filter(|c| c.type_ == types::READY));
+    let api: Api<InferencePool> = Api::namespaced(client.clone(), ns);
+    let patch = serde_json::json!({ "status": status });
+    api.patch_status(
+        &pool.name_any(),
+        &PatchParams::default(),
+        &Patch::Merge(&patch),
+    )
+    .await?;
+    warn!(pool = %format!("{ns}/{}", pool.name_any()), %why, "the pool's model cannot be mounted here; nothing applied");
+    Ok(())
+}
+
 /// Reconciles one InferencePool: reports it when it cannot be read, ticks it otherwise.
 pub async fn reconcile<W, M, E, R>(
     obj: Arc<Lenient<InferencePool>>,
@@ -344,6 +411,12 @@ where
     }
 
     ctx.owners.record(pool);
+    if let Some(why) = unmountable_model(pool, &ns, ctx).await? {
+        report_unmountable_model(&ctx.client, pool, &ns, why, (ctx.clock)()).await?;
+        // A cluster does not grow image volumes by itself: look again in a while, or at
+        // once on a spec change (a pvc:// model).
+        return Ok(Action::requeue(Duration::from_secs(300)));
+    }
     let policy = load_policy(&ctx.client, &ns, pool, (ctx.clock)()).await?;
     let tiers = match &policy {
         Policy::Found(t) => t.clone(),

@@ -20,9 +20,10 @@ use k8s_openapi::api::apps::v1::{
 };
 use k8s_openapi::api::core::v1::{
     Capabilities, Container, ContainerPort, EmptyDirVolumeSource, EnvVar, EnvVarSource,
-    HTTPGetAction, Lifecycle, LifecycleHandler, PersistentVolumeClaimVolumeSource,
-    PodSecurityContext, PodSpec, PodTemplateSpec, Probe, ResourceRequirements, SeccompProfile,
-    SecretKeySelector, SecurityContext, SleepAction, Volume, VolumeMount,
+    HTTPGetAction, ImageVolumeSource, Lifecycle, LifecycleHandler,
+    PersistentVolumeClaimVolumeSource, PodSecurityContext, PodSpec, PodTemplateSpec, Probe,
+    ResourceRequirements, SeccompProfile, SecretKeySelector, SecurityContext, SleepAction, Volume,
+    VolumeMount,
 };
 use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{LabelSelector, ObjectMeta, OwnerReference};
@@ -51,7 +52,7 @@ pub const ENGINE_UID: i64 = 65532;
 #[derive(Debug, thiserror::Error)]
 pub enum BadPoolSpec {
     #[error(
-        "spec.model.uri {0:?}: expected file:///PATH or pvc://CLAIM/PATH in a cluster (a relative file:// path is for local mode)"
+        "spec.model.uri {0:?}: expected file:///PATH, pvc://CLAIM/PATH or oci://IMAGE:TAG (or @sha256:DIGEST) in a cluster (a relative file:// path is for local mode)"
     )]
     ModelUri(String),
     #[error(transparent)]
@@ -65,10 +66,15 @@ pub struct ModelLocation {
     pub path: String,
     /// A PVC to mount read-only at MODEL_MOUNT.
     pub claim: Option<String>,
+    /// An OCI image whose files are mounted read-only at MODEL_MOUNT (an image volume).
+    pub image: Option<String>,
 }
 
 /// Parses spec.model.uri: `file:///models/x` → path `/models/x`; `pvc://claim/sub/dir` →
-/// claim `claim` mounted read-only at MODEL_MOUNT, path `/model/sub/dir`.
+/// claim `claim` mounted read-only at MODEL_MOUNT, path `/model/sub/dir`;
+/// `oci://registry/name:tag` → that image's files mounted read-only at MODEL_MOUNT (a
+/// Kubernetes image volume), path `/model`. An image reference needs a tag or a digest: an
+/// untagged one means `:latest`, which the kubelet pulls every time.
 pub fn model_location(uri: &str) -> Result<ModelLocation, BadPoolSpec> {
     let bad = || BadPoolSpec::ModelUri(uri.to_string());
     if let Some(path) = uri.strip_prefix("file://") {
@@ -78,6 +84,19 @@ pub fn model_location(uri: &str) -> Result<ModelLocation, BadPoolSpec> {
         return Ok(ModelLocation {
             path: path.to_string(),
             claim: None,
+            image: None,
+        });
+    }
+    if let Some(reference) = uri.strip_prefix("oci://") {
+        let last = reference.rsplit('/').next().unwrap_or_default();
+        let pinned = reference.contains("@sha256:") || last.contains(':');
+        if !pinned || reference.contains(char::is_whitespace) || reference.starts_with('/') {
+            return Err(bad());
+        }
+        return Ok(ModelLocation {
+            path: MODEL_MOUNT.to_string(),
+            claim: None,
+            image: Some(reference.to_string()),
         });
     }
     if let Some(rest) = uri.strip_prefix("pvc://") {
@@ -94,6 +113,7 @@ pub fn model_location(uri: &str) -> Result<ModelLocation, BadPoolSpec> {
         return Ok(ModelLocation {
             path,
             claim: Some(claim.to_string()),
+            image: None,
         });
     }
     Err(bad())
@@ -256,6 +276,20 @@ pub fn empty_dir(name: &str, size: Option<&str>) -> Volume {
     }
 }
 
+/// The model as an image volume: the image's files, read-only, pulled only when missing (a
+/// model image is immutable by tag or digest; IfNotPresent also lets a locally loaded image
+/// serve on a node that reaches no registry).
+pub fn model_image_volume(reference: &str) -> Volume {
+    Volume {
+        name: "model".to_string(),
+        image: Some(ImageVolumeSource {
+            reference: Some(reference.to_string()),
+            pull_policy: Some("IfNotPresent".to_string()),
+        }),
+        ..Volume::default()
+    }
+}
+
 /// A volume mount.
 pub fn mount(name: &str, path: &str, read_only: bool) -> VolumeMount {
     VolumeMount {
@@ -294,6 +328,10 @@ pub fn pod_template(pool: &str, spec: &InferencePoolSpec) -> Result<PodTemplateS
             }),
             ..Volume::default()
         });
+        mounts.push(mount("model", MODEL_MOUNT, true));
+    }
+    if let Some(reference) = &model.image {
+        volumes.push(model_image_volume(reference));
         mounts.push(mount("model", MODEL_MOUNT, true));
     }
     if let Some(disk) = &spec.engine.kv_cache.disk_offload {

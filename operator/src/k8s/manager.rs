@@ -2,7 +2,8 @@
 //!
 //! Watches: InferencePools (the trigger); TierPolicies, mapped to the pools of the same
 //! namespace whose tierPolicyRef names them; and, unless the API server has none (local
-//! workload), the Deployments, Services and PodDisruptionBudgets the operator owns.
+//! workload), the Deployments, Services and PodDisruptionBudgets the operator owns, and the
+//! pools' engine pods (see `engine_pods`: an engine that leaves reaches the routers at once).
 //! With several namespaces, one controller runs per namespace over the same context.
 //!
 //! Pools and policies are watched as `Lenient` objects: one the operator cannot parse is
@@ -15,7 +16,7 @@ use std::time::Duration;
 use futures::stream::BoxStream;
 use futures::{FutureExt, StreamExt};
 use k8s_openapi::api::apps::v1::Deployment;
-use k8s_openapi::api::core::v1::Service;
+use k8s_openapi::api::core::v1::{Pod, Service};
 use k8s_openapi::api::policy::v1::PodDisruptionBudget;
 use kube::runtime::reflector::{ObjectRef, Store};
 use kube::runtime::{Controller, watcher};
@@ -24,6 +25,7 @@ use tidegate_api::{InferencePool, TierPolicy};
 use tracing::{debug, info, warn};
 
 use super::controller::{Context, error_policy, reconcile};
+use super::engine_pods::{engine_pods_selector, pool_of_engine_pod};
 use super::lenient::Lenient;
 use super::shutdown::Shutdown;
 use crate::ports::{EngineControl, MetricsSource, PoolRef, RegistryStore, WorkloadRuntime};
@@ -120,6 +122,12 @@ pub async fn run_controller<W, M, E, R>(
                 .owns(api::<Deployment>(&client, ns), owned.clone())
                 .owns(api::<Service>(&client, ns), owned.clone())
                 .owns(api::<PodDisruptionBudget>(&client, ns), owned.clone());
+            let dirty = ctx.dirty.clone();
+            controller = controller.watches(
+                api::<Pod>(&client, ns),
+                watcher::Config::default().labels(&engine_pods_selector()),
+                move |pod| pool_of_engine_pod(&dirty, &pod),
+            );
         }
         let stop = shutdown.clone();
         let stream = controller

@@ -21,7 +21,9 @@
 pub mod api_keys;
 pub mod controller;
 pub mod deployment;
+pub mod engine_pods;
 pub mod events;
+pub mod image_volumes;
 pub mod leader;
 pub mod lenient;
 pub mod manager;

@@ -2,7 +2,8 @@
 # `install`: everything the cluster runs, built or fetched once into CACHE and reused:
 # - the upstream components from k8s.io/kubernetes (scripts/cluster/kube: one multi-call
 #   binary), compiled through the Go module proxy;
-# - containerd, the CNI plugins and etcd from Debian unstable, runc and iptables from
+# - containerd, the CNI plugins, etcd and Prometheus (for the e2e loop on pods: Debian 12's
+#   Prometheus is built without Kubernetes discovery) from Debian unstable, runc and iptables from
 #   Debian 12 (unstable's runc needs a newer glibc than this host has), fetched with a private
 #   apt configuration and unpacked with dpkg -x (nothing is installed into the system);
 # - helm and CoreDNS (scripts/cluster/tools), compiled the same way;
@@ -10,7 +11,7 @@
 
 # Debian packages, by suite. The image base (libc6, libgcc-s1) is fetched here too but kept as
 # .deb files: scripts/cluster/images/oci-image.py puts them into the images' base layer.
-SID_PACKAGES=(containerd containernetworking-plugins etcd-server)
+SID_PACKAGES=(containerd containernetworking-plugins etcd-server prometheus)
 BOOKWORM_PACKAGES=(runc iptables libip4tc2 libip6tc2 libxtables12 libnetfilter-conntrack3
     libnfnetlink0 libnftnl11 libmnl0 libseccomp2 conntrack)
 IMAGE_BASE_PACKAGES=(libc6 libgcc-s1)
@@ -66,6 +67,10 @@ fetch_debs() {
         return 0
     fi
     have apt-get && have dpkg-deb || die "apt-get and dpkg-deb are needed to fetch the Debian packages"
+    # New packages replace the unpacked ones, which a running cluster is using.
+    if component_running containerd || component_running etcd; then
+        die "the Debian packages changed since this cluster started: scripts/cluster.sh down first"
+    fi
     apt_private
     log "apt-get update (private lists: sid and bookworm)"
     apt-get "${APT_OPTS[@]}" -qq update >&2 || die "apt-get update failed (is the Debian mirror reachable?)"
@@ -176,13 +181,16 @@ build_tools() {
     fi
 }
 
-# link_tools: CACHE/bin holds the kubectl and helm of this version (what `env` puts on PATH).
+# link_tools: CACHE/bin holds the kubectl, helm, prometheus and promtool of this cluster
+# (what `env` puts on PATH).
 link_tools() {
     local bin
     bin=$(tools_bin)
     mkdir -p "$bin"
     ln -sf "$(kube_dir)/bin/kube" "$bin/kubectl"
     ln -sf "$(tools_dir)/helm" "$bin/helm"
+    ln -sf "$DEB_ROOT/usr/bin/prometheus" "$bin/prometheus"
+    ln -sf "$DEB_ROOT/usr/bin/promtool" "$bin/promtool"
 }
 
 # build_system_images: the pause image (scripts/cluster/images/pause.c, static) and the

@@ -1,0 +1,92 @@
+# shellcheck shell=bash
+# What e2e/loop.sh (engines as local processes) and e2e/cluster-loop.sh (engines as pods)
+# share: the pool under test and its tiers, and the checks of a paused pool. Sourced after
+# e2e/lib.sh, with NS, POOL, TARGETS and ROUTERS set.
+
+# loop_pool_manifests MODEL_URI EXTRA_ENGINE_YAML METRICS_YAML: the TierPolicy and the pool,
+# min 1 / max 3, with scaling and admission fast enough for a test (2 s ticks, 4 s to pause,
+# 10 s hold). EXTRA_ENGINE_YAML: more `engine:` fields, each line indented by four spaces.
+loop_pool_manifests() {
+    cat <<EOF
+apiVersion: tidegate.dev/v1alpha1
+kind: TierPolicy
+metadata: {name: tiers, namespace: $NS}
+spec:
+  defaultTier: free
+  tiers:
+    - {name: enterprise, priority: 100, queueWaitTarget: 5s, admission: {pausable: false}}
+    - {name: standard, priority: 50, queueWaitTarget: 8s}
+    - {name: free, priority: 10, queueWaitTarget: 10s, kvRetention: {onPressure: Drop}}
+  tenancy:
+    gatewayHeaders: {tenantHeader: x-tidegate-tenant, tierHeader: x-tidegate-tier}
+---
+apiVersion: tidegate.dev/v1alpha1
+kind: InferencePool
+metadata: {name: $POOL, namespace: $NS}
+spec:
+  model: {name: tiny-random, uri: "$1"}
+  engine:
+    image: tidegate-engine:local
+    resources: {gpus: 0, memory: 256Mi}
+    kvCache: {memoryFraction: 0.2, hostOffload: 64Mi}
+    maxBatchSize: 4
+    maxQueuedRequests: 64
+    drainGracePeriod: 60s
+$2
+  replicas: {min: 1, max: 3}
+  slo: {tokensPerSecondPerSession: 50, queueWaitP99: 300ms, targetUtilization: 0.7}
+  scaling:
+    interval: 2s
+    scaleUpStabilization: 0s
+    scaleDownStabilization: 10s
+    maxScaleUpStep: 1
+    maxScaleDownStep: 1
+    metrics: $3
+  admission: {pauseThreshold: 0.9, resumeThreshold: 0.5, pauseAfter: 4s, holdTime: 10s, retryAfter: 2s}
+  tierPolicyRef: {name: tiers}
+EOF
+}
+
+# check_paused_admission VIA: with the pool paused, `kubectl get inferencepools` shows it;
+# through the pool's front door (VIA says which: "at the router", "through the Service") a
+# new tenant of a pausable tier gets 503 with Retry-After, an existing tenant and a new
+# tenant of a non-pausable tier 200.
+check_paused_admission() {
+    local table code typ retry
+    table=$(kubectl -n "$NS" get inferencepools)
+    echo "$table" | sed 's/^/       | /'
+    grep -q PausedNewTenants <<<"$table" && pass "kubectl get inferencepools shows PausedNewTenants" ||
+        fail "kubectl get inferencepools shows PausedNewTenants" "$table"
+    read -r code typ retry _ < <(python3 e2e/load.py probe --targets "$TARGETS" --routers "$ROUTERS" --tenant brand-new-tenant --tier free)
+    if [ "$code" = 503 ] && [ "$typ" = new_tenant_admission_paused ] && [ "$retry" != - ]; then
+        pass "new tenant of a pausable tier, $1: 503 $typ, Retry-After $retry"
+    else
+        fail "new tenant of a pausable tier, $1: 503 new_tenant_admission_paused with Retry-After" "got $code $typ $retry"
+    fi
+    read -r code typ _ < <(python3 e2e/load.py probe --targets "$TARGETS" --routers "$ROUTERS" --tenant tenant-001 --tier standard)
+    [ "$code" = 200 ] && pass "existing tenant, $1: 200" || fail "existing tenant, $1: 200" "got $code $typ"
+    read -r code typ _ < <(python3 e2e/load.py probe --targets "$TARGETS" --routers "$ROUTERS" --tenant new-enterprise --tier enterprise)
+    [ "$code" = 200 ] && pass "new tenant of a non-pausable tier, $1: 200" || fail "new tenant of a non-pausable tier, $1: 200" "got $code $typ"
+}
+
+# loop_zero_pool_manifest MODEL_URI EXTRA_ENGINE_YAML SCALING_EXTRA HOLD: the second pool,
+# `zero`, at replicas.min 0: its router holds a request for up to HOLD until an engine is up.
+loop_zero_pool_manifest() {
+    cat <<EOF
+apiVersion: tidegate.dev/v1alpha1
+kind: InferencePool
+metadata: {name: zero, namespace: $NS}
+spec:
+  model: {name: tiny-random, uri: "$1"}
+  engine:
+    image: tidegate-engine:local
+    resources: {gpus: 0, memory: 256Mi}
+    kvCache: {memoryFraction: 0.2}
+    maxBatchSize: 4
+$2
+  replicas: {min: 0, max: 1}
+  scaling: {interval: 1s, scaleDownStabilization: 600s$3}
+  router: {holdTimeout: $4}
+  tierPolicyRef: {name: tiers}
+EOF
+}
