@@ -15,6 +15,7 @@
 # a second pool at 0 replicas answers one request through its router after scaling to 1.
 set -uo pipefail
 source "$(dirname "$0")/lib.sh"
+source "$(dirname "$0")/loop-lib.sh"
 cd "$REPO_ROOT"
 
 TARGET=${CARGO_TARGET_DIR:-$REPO_ROOT/target}
