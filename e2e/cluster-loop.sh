@@ -11,9 +11,11 @@
 # paused (kubectl shows it) → through the Service: new tenant of a pausable tier 503 with
 # Retry-After, existing tenant 200 → faults (e2e/cluster/loop-faults.sh): an engine's process
 # killed on the node mid-stream, an engine pod force-deleted mid-stream, a router pod deleted
-# (only the killed engine's streams end, every router takes it out within a second, the
+# (only the killed engine's streams end, every router takes it out within a second, or for
+# a deleted pod within the kubelet's 2 s minimum grace, the
 # kubelet or the ReplicaSet brings it back, the Service keeps answering, the PDB holds the
-# other router) → the operator's pod deleted while paused and scaling to a raised ceiling
+# other router) → a pool template change rolls the engines one at a time, nothing lost
+# (e2e/cluster/loop-roll.sh) → the operator's pod deleted while paused and scaling to a raised ceiling
 # (the new leader adopts, keeps the admission state, its since and every tenant, converges
 # without a reversal) → Prometheus stopped (no scale-down, MetricsAvailable=False) and
 # restarted → load stops → admission reopens after the hold time → a drained scale-down in

@@ -42,6 +42,9 @@ Commands:
              binaries; TIDEGATE_IMAGE_PROFILE=debug for the dev profile) as docker/Dockerfile.*
              describe them, and load them into the cluster when it runs
   load FILE  load an OCI archive into the cluster's containerd
+  tag IMAGE NEW_NAME
+             give a loaded image another name (try a chart upgrade to a "new" operator
+             image without a registry: scripts/cluster.sh tag REPO:V REPO:V-next)
   install    only build and fetch (cold: about 12 minutes on 2 cores), start nothing
   logs NAME  print a component's log: ${COMPONENTS[*]}
   host-snapshot
@@ -184,6 +187,15 @@ cmd_load() {
     log "loaded $file"
 }
 
+cmd_tag() {
+    local image=${1:-} name=${2:-}
+    [ -n "$image" ] && [ -n "$name" ] || die "usage: scripts/cluster.sh tag IMAGE NEW_NAME"
+    component_running containerd || die "the cluster is not up (scripts/cluster.sh up)"
+    tag_image "$(qualified_image "$image")" "$(qualified_image "$name")" \
+        || die "no image $image in the cluster (scripts/cluster.sh images loads tidegate's)"
+    log "tagged $image as $name"
+}
+
 main() {
     local cmd=${1:-}
     [ $# -gt 0 ] && shift
@@ -194,6 +206,7 @@ main() {
         env) cmd_env "$@" ;;
         images) cmd_images "$@" ;;
         load) cmd_load "$@" ;;
+        tag) cmd_tag "$@" ;;
         install) cmd_install "$@" ;;
         logs) cmd_logs "$@" ;;
         host-snapshot) host_report ;;

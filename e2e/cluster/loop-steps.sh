@@ -23,6 +23,7 @@ wait_for "admission paused for new tenants at the ceiling" 150 is '{.status.admi
 check_paused_admission "through the Service"
 
 . e2e/cluster/loop-faults.sh
+. e2e/cluster/loop-roll.sh
 
 # ---- The operator's pod deleted while the pool is paused and scaling to a raised ceiling:
 # the Deployment's next pod takes the Lease, adopts the pool as it is, keeps the admission
@@ -144,8 +145,8 @@ wait_for "admission reopens after the hold time" 120 is '{.status.admission.stat
 
 echo "       load outcomes: $(tr -d '\n ' <"$WORK/load.json")"
 printf '%s\n' "${FAULTS[@]}" >"$WORK/faults.txt"
-if costs=$(python3 e2e/cluster/losses.py "$WORK/load-errors.txt" "$WORK/faults.txt" --lossless router-pod-deleted); then
-    pass "the load lost requests only on the engines the faults took, none to the router's deletion ($(echo "$costs" | paste -sd ';' | sed 's/;/; /g'))"
+if costs=$(python3 e2e/cluster/losses.py "$WORK/load-errors.txt" "$WORK/faults.txt" --lossless router-pod-deleted --lossless template-roll); then
+    pass "the load lost requests only on the engines the faults took, none to the router's deletion or the roll ($(echo "$costs" | paste -sd ';' | sed 's/;/; /g'))"
 else
     fail "the load lost requests only on the engines the faults took" "$costs; $(tr '\n' ' ' <"$WORK/load-errors.txt")"
 fi

@@ -1,7 +1,8 @@
 #!/usr/bin/env python3
 """What each fault cost the load: the load's lost requests (e2e/load.py --errors-out: "unix-time
-kind" a line) put against the faults ("unix-time what" a line), a loss counted against a fault
-when it came within a second before it to five seconds after it.
+kind" a line) put against the faults ("unix-time what", or "start end what" for one that lasts,
+a line), a loss counted against a fault when it came within a second before it to five seconds
+after it (after its end).
 
 Prints one line per fault ("what: N lost") and, last, "unexplained: N". Exits 1 when a loss
 belongs to no engine fault, or when a fault listed in --lossless (a router deleted) lost any.
@@ -17,17 +18,29 @@ def rows(path):
         return [(float(at), what) for at, what in (line.split(None, 1) for line in f if line.strip())]
 
 
+def windows(path):
+    """(start, end, what) of each fault line."""
+    out = []
+    for at, rest in rows(path):
+        first, _, more = rest.partition(" ")
+        try:
+            out.append((at, float(first), more.strip()))
+        except ValueError:
+            out.append((at, at, rest.strip()))
+    return out
+
+
 def main():
     p = argparse.ArgumentParser()
     p.add_argument("errors")
     p.add_argument("faults")
     p.add_argument("--lossless", action="append", default=[])
     args = p.parse_args()
-    faults = rows(args.faults)
-    cost = {what.strip(): 0 for _, what in faults}
+    faults = windows(args.faults)
+    cost = {what: 0 for _, _, what in faults}
     unexplained = 0
     for at, _ in rows(args.errors):
-        near = [what.strip() for t, what in faults if t - 1 <= at <= t + 5]
+        near = [what for start, end, what in faults if start - 1 <= at <= end + 5]
         if near:
             cost[near[0]] += 1
         else:

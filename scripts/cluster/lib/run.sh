@@ -139,6 +139,20 @@ load_image() {
         --local "$1" >/dev/null
 }
 
+# tag_image IMAGE NAME: another name for a loaded image (both fully qualified).
+tag_image() {
+    "$DEB_ROOT/usr/bin/ctr" --address "$CONTAINERD_SOCK" -n k8s.io images tag --force "$1" "$2" >/dev/null
+}
+
+# qualified_image NAME: the name as containerd stores it (docker.io/library/ for a bare one).
+qualified_image() {
+    case $1 in
+        *.*/* | *:*/* | localhost/*) printf '%s' "$1" ;;
+        */*) printf 'docker.io/%s' "$1" ;;
+        *) printf 'docker.io/library/%s' "$1" ;;
+    esac
+}
+
 node_ready() {
     [ "$(kubectl_admin get node "$NODE_NAME" -o jsonpath='{.status.conditions[?(@.type=="Ready")].status}' 2>/dev/null)" = True ]
 }
