@@ -40,10 +40,7 @@ STARTED=0
 PIDS=()
 
 cleanup() {
-    touch "$WORK/stop-load"
-    for p in "${PIDS[@]}"; do kill "$p" 2>/dev/null; done
-    sleep 1
-    for p in "${PIDS[@]}"; do kill -9 "$p" 2>/dev/null; done
+    stop_background
     if [ "$STARTED" = 1 ] && [ -z "${TIDEGATE_E2E_KEEP_CLUSTER:-}" ]; then
         bash "$CLUSTER" down >/dev/null 2>&1 || bash "$CLUSTER" down
     elif [ -z "${TIDEGATE_E2E_KEEP_CLUSTER:-}" ]; then

@@ -90,3 +90,53 @@ $2
   tierPolicyRef: {name: tiers}
 EOF
 }
+
+# stop_background: ends the load (its stop file) and every process in PIDS, TERM then KILL.
+stop_background() {
+    local p
+    touch "$WORK/stop-load"
+    for p in "${PIDS[@]}"; do kill "$p" 2>/dev/null; done
+    sleep 1
+    for p in "${PIDS[@]}"; do kill -9 "$p" 2>/dev/null; done
+}
+
+# start_prometheus LISTEN_HOST: PROM_BIN with $WORK/prometheus.yml on LISTEN_HOST:PROM_PORT
+# (sets PROM_PID, adds it to PIDS); returns once it is ready, 1 after 30 s.
+start_prometheus() {
+    local _
+    "$PROM_BIN" --config.file="$WORK/prometheus.yml" --storage.tsdb.path="$WORK/prom-data" \
+        --web.listen-address="$1:$PROM_PORT" >>"$WORK/prometheus.log" 2>&1 &
+    PROM_PID=$!
+    PIDS+=("$PROM_PID")
+    for _ in $(seq 1 60); do
+        curl -sf "http://127.0.0.1:$PROM_PORT/-/ready" >/dev/null && return 0
+        sleep 0.5
+    done
+    return 1
+}
+
+# check_state_kept WHAT NEWCOMER: after WHAT (an operator restart, a leader takeover) the pool
+# is still paused with the same since (SINCE_BEFORE), the registry lost none of
+# TENANTS_BEFORE, an existing tenant of the paused free tier is admitted and NEWCOMER, a new
+# one, is refused. Needs jp, is and registry_tenants from the caller.
+check_state_kept() {
+    local since_after lost existing_free code typ
+    is '{.status.admission.state}' PausedNewTenants && pass "admission still PausedNewTenants after $1" ||
+        fail "admission still PausedNewTenants after $1" "$(jp '{.status.admission}')"
+    since_after=$(jp '{.status.admission.since}')
+    [ "$since_after" = "$SINCE_BEFORE" ] && pass "admission since kept across $1 ($SINCE_BEFORE)" ||
+        fail "admission since kept across $1" "before $SINCE_BEFORE, after $since_after"
+    lost=$(comm -23 <(echo "$TENANTS_BEFORE") <(registry_tenants | sort))
+    [ -z "$lost" ] && pass "no tenant lost from the registry ($(echo "$TENANTS_BEFORE" | grep -c .) before $1, $(registry_tenants | grep -c .) after)" ||
+        fail "no tenant lost from the registry across $1" "lost: $lost"
+    # An existing tenant of the paused free tier: one the registry holds (the load's free-tier
+    # base users are 2, 3, 5 and 8; one whose first answer came after the pause began is not
+    # in the registry, and rightly refused, so the probe takes one that is).
+    existing_free=$(registry_tenants | grep -m1 -x -e tenant-002 -e tenant-003 -e tenant-005 -e tenant-008)
+    read -r code typ _ < <(python3 e2e/load.py probe --targets "$TARGETS" --routers "$ROUTERS" --tenant "${existing_free:-tenant-002}" --tier free)
+    [ "$code" = 200 ] && pass "an existing tenant of a paused tier ($existing_free) is still admitted: 200" ||
+        fail "an existing tenant of a paused tier is still admitted" "got $code $typ for ${existing_free:-no free-tier base user in the registry}"
+    read -r code typ _ < <(python3 e2e/load.py probe --targets "$TARGETS" --routers "$ROUTERS" --tenant "$2" --tier free)
+    [ "$code" = 503 ] && pass "a new tenant of a paused tier is still refused: 503 $typ" ||
+        fail "a new tenant of a paused tier is still refused" "got $code $typ"
+}

@@ -31,10 +31,7 @@ ROUTERS=$WORK/local/routers.json
 PIDS=()
 
 cleanup() {
-    touch "$WORK/stop-load"
-    for p in "${PIDS[@]}"; do kill "$p" 2>/dev/null; done
-    sleep 1
-    for p in "${PIDS[@]}"; do kill -9 "$p" 2>/dev/null; done
+    stop_background
     pkill -f "tidegate-engine serve.*$WORK" 2>/dev/null
     # Routers carry no path of $WORK on their command line: found by their port.
     for url in $(python3 -c 'import json,sys; print(" ".join(r["url"] for r in json.load(open(sys.argv[1]))))' "$ROUTERS" 2>/dev/null); do
@@ -63,18 +60,7 @@ scrape_configs:
   - job_name: tidegate-engines
     file_sd_configs: [{files: ["$TARGETS"], refresh_interval: 1s}]
 EOF
-start_prometheus() {
-    "$PROM_BIN" --config.file="$WORK/prometheus.yml" --storage.tsdb.path="$WORK/prom-data" \
-        --web.listen-address="127.0.0.1:$PROM_PORT" >>"$WORK/prometheus.log" 2>&1 &
-    PROM_PID=$!
-    PIDS+=("$PROM_PID")
-    for _ in $(seq 1 60); do
-        curl -sf "http://127.0.0.1:$PROM_PORT/-/ready" >/dev/null && return 0
-        sleep 0.5
-    done
-    return 1
-}
-if start_prometheus; then
+if start_prometheus 127.0.0.1; then
     pass "Prometheus $("$PROM_BIN" --version 2>&1 | head -1 | awk '{print $3}') started (real server)"
 else
     fail "Prometheus started" "$(tail -20 "$WORK/prometheus.log")"
@@ -138,30 +124,13 @@ kill_operator_mid_scale() {
 # check_restored MARK: the operator started after log line MARK adopted the engines and kept
 # the admission state, its since and every tenant; the engines still apply both.
 check_restored() {
-    local adopted since_after lost code typ
+    local adopted
     adopted=$(log_since "$1" | grep -m1 'adopted the engines' | sed 's/\x1b\[[0-9;]*m//g' | grep -o 'replicas=\[[^]]*\]')
     [ -n "$adopted" ] && pass "it adopted the running engines ($adopted)" ||
         fail "it adopted the running engines" "$(log_since "$1" | head -20)"
     log_since "$1" | grep -q 'adopted the router' && pass "it adopted the running router (the pool's front door kept its address)" ||
         fail "it adopted the running router" "$(log_since "$1" | grep -i router | head -5)"
-    is '{.status.admission.state}' PausedNewTenants && pass "admission still PausedNewTenants after the restart" ||
-        fail "admission still PausedNewTenants after the restart" "$(jp '{.status.admission}')"
-    since_after=$(jp '{.status.admission.since}')
-    [ "$since_after" = "$SINCE_BEFORE" ] && pass "admission since kept across the restart ($SINCE_BEFORE)" ||
-        fail "admission since kept across the restart" "before $SINCE_BEFORE, after $since_after"
-    lost=$(comm -23 <(echo "$TENANTS_BEFORE") <(registry_tenants | sort))
-    [ -z "$lost" ] && pass "no tenant lost from the registry ($(echo "$TENANTS_BEFORE" | grep -c .) before the restart, $(registry_tenants | grep -c .) after)" ||
-        fail "no tenant lost from the registry" "lost: $lost"
-    # An existing tenant of the paused free tier: one the registry holds (the load's free-tier
-    # base users are 2, 3, 5 and 8; one whose first answer came after the pause began is not
-    # in the registry, and rightly refused, so the probe takes one that is).
-    existing_free=$(registry_tenants | grep -m1 -x -e tenant-002 -e tenant-003 -e tenant-005 -e tenant-008)
-    read -r code typ _ < <(python3 e2e/load.py probe --targets "$TARGETS" --routers "$ROUTERS" --tenant "${existing_free:-tenant-002}" --tier free)
-    [ "$code" = 200 ] && pass "an existing tenant of a paused tier ($existing_free) is still admitted: 200" ||
-        fail "an existing tenant of a paused tier is still admitted" "got $code $typ for ${existing_free:-no free-tier base user in the registry}"
-    read -r code typ _ < <(python3 e2e/load.py probe --targets "$TARGETS" --routers "$ROUTERS" --tenant restart-newcomer --tier free)
-    [ "$code" = 503 ] && pass "a new tenant of a paused tier is still refused: 503 $typ" ||
-        fail "a new tenant of a paused tier is still refused" "got $code $typ"
+    check_state_kept "the restart" restart-newcomer
 }
 
 # check_converges MARK: desired stays 4 and the count only climbs until 4 are ready (a
@@ -267,7 +236,7 @@ done
     fail "no scale-down decided while metrics are missing" "desired $desired_before → $lowest"
 msg=$(jp '{.status.conditions[?(@.type=="MetricsAvailable")].message}')
 pass "MetricsAvailable message: $msg"
-if start_prometheus; then pass "Prometheus restarted"; else fail "Prometheus restarted" "$(tail -20 "$WORK/prometheus.log")"; fi
+if start_prometheus 127.0.0.1; then pass "Prometheus restarted"; else fail "Prometheus restarted" "$(tail -20 "$WORK/prometheus.log")"; fi
 wait_for "metrics recover: MetricsAvailable=True" 60 bash -c "[ \"\$(kubectl -n $NS get inferencepool $POOL -o jsonpath='{.status.conditions[?(@.type==\"MetricsAvailable\")].status}')\" = True ]"
 
 # --- Load gone: long streams are in flight on every engine when the scale-down starts; the

@@ -23,19 +23,7 @@ scrape_configs:
       - {source_labels: [__meta_kubernetes_namespace], target_label: namespace}
       - {source_labels: [__meta_kubernetes_pod_name], target_label: pod}
 EOF
-start_prometheus() {
-    "$PROM_BIN" --config.file="$WORK/prometheus.yml" --storage.tsdb.path="$WORK/prom-data" \
-        --web.listen-address="0.0.0.0:$PROM_PORT" >>"$WORK/prometheus.log" 2>&1 &
-    PROM_PID=$!
-    PIDS+=("$PROM_PID")
-    local _
-    for _ in $(seq 1 60); do
-        curl -sf "http://127.0.0.1:$PROM_PORT/-/ready" >/dev/null && return 0
-        sleep 0.5
-    done
-    return 1
-}
-if [ -x "$PROM_BIN" ] && start_prometheus; then
+if [ -x "$PROM_BIN" ] && start_prometheus 0.0.0.0; then
     pass "Prometheus $("$PROM_BIN" --version 2>&1 | head -1 | awk '{print $3}') on the node at $NODE_IP:$PROM_PORT, discovering pods through the cluster's API"
 else
     fail "Prometheus started" "$(tail -20 "$WORK/prometheus.log" 2>/dev/null)"
