@@ -11,10 +11,26 @@
 //! - as-file on a quantized file: the f32 path dequantized the same blocks, so only the
 //!   activation rounding differs (SmolLM2, 30 layers: up to ~7%); Q8_0 from a Q4_1 file
 //!   adds the 8-bit rounding of the 4-bit values (~10%); Q4_0 from a Q4_1 file is a second
-//!   4-bit rounding (~80% on the first logits: SmolLM2 is small and sensitive; the kernel
+//!   4-bit rounding (~80–100% on the first logits: SmolLM2 is small and sensitive; the kernel
 //!   itself is within 0.4% of the dequantized product on its matrices).
 //!
-//! Measured values are printed (`--nocapture`); the bounds leave a margin over them.
+//! On top of that, on SmolLM2, a noise that depends on the CPU: the int8 rounding of the
+//! activations is a step function, so two float orders of the same sum upstream of it (the
+//! attention's scores, summed with two accumulators and FMA on AVX-512, in one sequence on
+//! AVX2 and the portable path; they agree to 3e-7, see `runner::attention`'s tests) flip
+//! some quotients, and over 30 layers that moves the quantized logits by up to 8% at decode
+//! steps 1–2 (the f32 path moves by under 5e-5). Measured maxima (step 1–2):
+//!
+//! | format  | AVX2 / portable attention | AVX-512 attention | bound |
+//! |---------|---------------------------|-------------------|-------|
+//! | as-file | 0.073                     | 0.146             | 0.20  |
+//! | Q8_0    | 0.101                     | 0.127             | 0.20  |
+//! | Q4_1    | 0.073 (= as-file)         | 0.146             | 0.30  |
+//! | Q4_0    | 0.999                     | 0.983             | 1.2   |
+//!
+//! The bounds hold on every path with about a third to spare (a quarter for Q4_0, whose
+//! bound only says "still the same model": uncorrelated logits are ~1.4). Measured values are
+//! printed (`--nocapture`).
 #![allow(clippy::unwrap_used)] // test code
 
 mod common;
@@ -106,11 +122,11 @@ fn every_format_tracks_f32_on_smollm2() {
         &files,
         &prompt,
         &[
-            (WeightChoice::AsFile, 0.12),
-            (WeightChoice::Q8_0, 0.15),
+            (WeightChoice::AsFile, 0.20),
+            (WeightChoice::Q8_0, 0.20),
             (WeightChoice::Q4_1, 0.30),
             // Uncorrelated logits would be ~1.4: this only says "still the same model".
-            (WeightChoice::Q4_0, 1.0),
+            (WeightChoice::Q4_0, 1.2),
         ],
     );
     // The file's own format picks the same first greedy tokens as f32 (" Paris", ".", ...);

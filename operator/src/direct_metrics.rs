@@ -12,6 +12,8 @@ use std::collections::HashMap;
 use std::sync::Mutex;
 use std::time::Duration;
 
+use futures::future::join_all;
+
 use tidegate_api::InferencePoolSpec;
 use tidegate_api::engine_metrics as contract;
 use tidegate_api::exposition::{Sample, cumulative_buckets, samples};
@@ -126,12 +128,13 @@ impl MetricsSource for DirectMetrics {
         endpoints: &[Endpoint],
         now_ms: u64,
     ) -> Result<PoolMetrics, MetricsProblem> {
-        let mut samples = Vec::new();
-        for ep in endpoints {
-            if let Some(s) = self.scrape(ep, now_ms).await {
-                samples.push((ep.name.clone(), s));
-            }
-        }
+        // All engines at once: a read takes the slowest scrape, not the sum of them.
+        let scraped = join_all(endpoints.iter().map(|ep| self.scrape(ep, now_ms))).await;
+        let samples: Vec<(String, EngineSample)> = endpoints
+            .iter()
+            .zip(scraped)
+            .filter_map(|(ep, s)| Some((ep.name.clone(), s?)))
+            .collect();
         if samples.is_empty() {
             return Err(if endpoints.is_empty() {
                 MetricsProblem::NoData("no engine replicas to scrape".into())

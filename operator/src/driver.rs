@@ -22,6 +22,7 @@ use std::sync::{Arc, Mutex};
 
 use tokio::sync::Mutex as AsyncMutex;
 
+use futures::future::join_all;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use tidegate_api::conditions::{status as cstatus, types};
 use tidegate_api::engine_admin::{ApiKeyEntry, EnginePolicy};
@@ -311,9 +312,15 @@ impl<W: WorkloadRuntime, M: MetricsSource, E: EngineControl, R: RegistryStore> D
             Some(r) => r,
             None => slot.insert(self.registry.load(pool).await?),
         };
+        let asks = decide::collect_from(workload, registry);
+        let answers = join_all(
+            asks.iter()
+                .map(|(ep, since)| self.control.tenants_since(ep, token, *since)),
+        )
+        .await;
         let mut reports = Vec::new();
-        for (ep, since) in decide::collect_from(workload, registry) {
-            match self.control.tenants_since(&ep, token, since).await {
+        for ((ep, _), answer) in asks.into_iter().zip(answers) {
+            match answer {
                 Ok(report) => reports.push((ep.name, report)),
                 Err(e) => warn!(pool = %pool, error = %e, "could not collect admitted tenants"),
             }
@@ -340,8 +347,15 @@ impl<W: WorkloadRuntime, M: MetricsSource, E: EngineControl, R: RegistryStore> D
     ) -> AtRouters {
         let set = decide::router_endpoints(workload, |name| draining.contains_key(name));
         let mut at = AtRouters::default();
-        for router in &workload.routers {
-            match self.control.push_endpoints(router, token, &set).await {
+        let answers = join_all(
+            workload
+                .routers
+                .iter()
+                .map(|router| self.control.push_endpoints(router, token, &set)),
+        )
+        .await;
+        for answer in answers {
+            match answer {
                 Ok(view) => {
                     at.held += view.held;
                     at.queued += view.queued;
@@ -365,13 +379,17 @@ impl<W: WorkloadRuntime, M: MetricsSource, E: EngineControl, R: RegistryStore> D
         token: &str,
         policy: &EnginePolicy,
     ) -> bool {
-        let mut ok = true;
         let targets = workload.endpoints.iter().chain(&workload.routers);
-        for ep in targets.filter(|e| e.ready) {
-            if let Err(e) = self.control.push_policy(ep, token, policy).await {
-                warn!(pool = %pool, error = %e, "policy push failed; retrying next tick");
-                ok = false;
-            }
+        let answers = join_all(
+            targets
+                .filter(|e| e.ready)
+                .map(|ep| self.control.push_policy(ep, token, policy)),
+        )
+        .await;
+        let mut ok = true;
+        for e in answers.into_iter().filter_map(Result::err) {
+            warn!(pool = %pool, error = %e, "policy push failed; retrying next tick");
+            ok = false;
         }
         ok
     }

@@ -13,3 +13,4 @@ pub mod ports;
 pub mod registry;
 pub mod sim;
 pub mod status_build;
+pub mod status_write;

@@ -1,6 +1,7 @@
 //! Controller tests against kube's mock service (the ApiServerVerifier pattern): each
-//! `Scenario` lists the exact API calls one reconcile must make, in order, with checks on
-//! their bodies, and the canned answers. Events (events.k8s.io) may come at any point and
+//! `Scenario` says what the watch caches hold (Deployment, pods, TierPolicy: never read from
+//! the API server by a tick) and lists the exact API calls one reconcile must make, in order,
+//! with checks on their bodies, and the canned answers. Events (events.k8s.io) may come at any point and
 //! are refused with 403 to prove that a cluster refusing Events does not break reconcile.
 //! Metrics and engine control are fakes; the workload runtime and registry are the real
 //! Kubernetes adapters.
@@ -10,6 +11,7 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use http::{Method, Request, Response, StatusCode};
+use k8s_openapi::api::core::v1::Pod;
 use kube::Client;
 use kube::api::ObjectMeta;
 use kube::client::Body;
@@ -20,6 +22,7 @@ use tidegate_api::engine_admin::{
 };
 use tidegate_api::status::InferencePoolStatus;
 use tidegate_operator::driver::Driver;
+use tidegate_operator::k8s::cache::Caches;
 use tidegate_operator::k8s::controller::{Context, reconcile};
 use tidegate_operator::k8s::events::EventSink;
 use tidegate_operator::k8s::lenient::Lenient;
@@ -209,21 +212,22 @@ fn deployment(replicas: i32, ready: i32) -> Value {
 }
 
 fn pods(names: &[&str]) -> Value {
-    pods_in(names, 0)
+    pods_in(names, 0, "tidegate-engine")
 }
 
 /// Router pods: addresses after the engines'.
 fn router_pods(names: &[&str]) -> Value {
-    pods_in(names, 100)
+    pods_in(names, 100, "tidegate-router")
 }
 
-fn pods_in(names: &[&str], first_ip: usize) -> Value {
+fn pods_in(names: &[&str], first_ip: usize, app: &str) -> Value {
     let items: Vec<Value> = names
         .iter()
         .enumerate()
         .map(|(i, n)| {
             json!({
-                "metadata": {"name": n, "namespace": "prod"},
+                "metadata": {"name": n, "namespace": "prod",
+                    "labels": {"app.kubernetes.io/name": app, "tidegate.dev/pool": "chat"}},
                 "status": {
                     "podIP": format!("10.0.0.{}", first_ip + i + 1),
                     "conditions": [{"type": "Ready", "status": "True"}]
@@ -297,18 +301,6 @@ impl Call {
     fn get(path: &str, answer: Value) -> Self {
         Call::new(Method::GET, path, StatusCode::OK, Some(answer))
     }
-    /// The engine pods' list: by the engine selector only.
-    fn engine_pods(answer: Value) -> Self {
-        let mut c = Call::get(PODS, answer);
-        c.query_has = vec!["tidegate-engine", "tidegate.dev%2Fpool%3Dchat"];
-        c
-    }
-    /// The router pods' list: by the router selector only.
-    fn router_pods(answer: Value) -> Self {
-        let mut c = Call::get(PODS, answer);
-        c.query_has = vec!["tidegate-router", "tidegate.dev%2Fpool%3Dchat"];
-        c
-    }
     fn missing(path: &str) -> Self {
         let status = json!({"kind": "Status", "apiVersion": "v1", "metadata": {},
             "status": "Failure", "message": "not found", "reason": "NotFound", "code": 404});
@@ -352,7 +344,6 @@ const PODS: &str = "/api/v1/namespaces/prod/pods";
 const ADMIN: &str = "/api/v1/namespaces/prod/secrets/chat-admin";
 const TENANTS: &str = "/api/v1/namespaces/prod/configmaps/chat-tenants";
 const STATUS: &str = "/apis/tidegate.dev/v1alpha1/namespaces/prod/inferencepools/chat/status";
-const POLICY: &str = "/apis/tidegate.dev/v1alpha1/namespaces/prod/tierpolicies/tiers";
 
 fn apply_workload(replicas: i64) -> Vec<Call> {
     vec![
@@ -445,22 +436,50 @@ impl Scenario {
         }
     }
 
+    /// What the watch caches hold: the Deployment, the engine and router pods, the policy.
+    fn cache(&self) -> Caches {
+        let (deployment, engines, routers, policy) = match self {
+            Scenario::ScaleUp => (
+                Some(deployment(2, 2)),
+                pods(&["chat-a", "chat-b"]),
+                router_pods(&["chat-router-a", "chat-router-b"]),
+                Some(tier_policy()),
+            ),
+            Scenario::TierPolicyMissing => (None, pods(&[]), router_pods(&[]), None),
+            Scenario::ScaleDown => (
+                Some(deployment(3, 3)),
+                pods(&["chat-a", "chat-b", "chat-c"]),
+                router_pods(&[]),
+                None,
+            ),
+        };
+        let items = |list: Value| -> Vec<Pod> {
+            serde_json::from_value(list["items"].clone()).expect("pods")
+        };
+        let mut all = items(engines);
+        all.extend(items(routers));
+        Caches::preloaded(
+            deployment
+                .map(|d| serde_json::from_value(d).expect("deployment"))
+                .into_iter()
+                .collect(),
+            all,
+            policy
+                .map(|p| serde_json::from_value(p).expect("policy"))
+                .into_iter()
+                .collect(),
+        )
+    }
+
     fn calls(&self) -> Vec<Call> {
         let pool_json = serde_json::to_value(self.pool()).expect("pool json");
         let mut calls = Vec::new();
         match self {
             Scenario::ScaleUp => {
-                calls.push(Call::get(POLICY, tier_policy()));
                 calls.push(Call::get(
                     "/api/v1/namespaces/prod/secrets/keys",
                     keys_secret(),
                 ));
-                calls.push(Call::get(DEP, deployment(2, 2)));
-                calls.push(Call::engine_pods(pods(&["chat-a", "chat-b"])));
-                calls.push(Call::router_pods(router_pods(&[
-                    "chat-router-a",
-                    "chat-router-b",
-                ])));
                 calls.push(Call::missing(ADMIN));
                 calls.push(Call::create("/api/v1/namespaces/prod/secrets", |v| {
                     owned_by_pool(v);
@@ -497,10 +516,6 @@ impl Scenario {
                 }));
             }
             Scenario::TierPolicyMissing => {
-                calls.push(Call::missing(POLICY));
-                calls.push(Call::missing(DEP));
-                calls.push(Call::engine_pods(pods(&[])));
-                calls.push(Call::router_pods(router_pods(&[])));
                 calls.push(Call::get(ADMIN, admin_secret()));
                 calls.extend(apply_workload(1));
                 calls.push(Call::missing(TENANTS));
@@ -514,9 +529,6 @@ impl Scenario {
                 }));
             }
             Scenario::ScaleDown => {
-                calls.push(Call::get(DEP, deployment(3, 3)));
-                calls.push(Call::engine_pods(pods(&["chat-a", "chat-b", "chat-c"])));
-                calls.push(Call::router_pods(router_pods(&[])));
                 calls.push(Call::get(ADMIN, admin_secret()));
                 calls.push(Call::merge(&format!("{PODS}/chat-c"), Some(pods(&["chat-c"])["items"][0].clone()), |v| {
                     assert_eq!(
@@ -645,8 +657,9 @@ async fn run(scenario: Scenario) -> Run {
     let client = Client::new(service, "default");
     let owners = OwnerBook::new();
     let control = FakeControl::default();
+    let caches = scenario.cache();
     let driver = Driver::new(
-        K8sRuntime::new(client.clone(), owners.clone()),
+        K8sRuntime::new(client.clone(), owners.clone(), caches.clone()),
         FakeMetrics(scenario.metrics()),
         control.clone(),
         ConfigMapRegistry::new(client.clone(), owners.clone()),
@@ -660,6 +673,7 @@ async fn run(scenario: Scenario) -> Run {
         metrics.clone(),
     );
     ctx.clock = Arc::new(|| NOW);
+    ctx.caches = caches;
     let ctx = Arc::new(ctx);
     let pool = Arc::new(Lenient::from(scenario.pool()));
     let verifier = tokio::spawn(verify(handle, scenario.calls()));

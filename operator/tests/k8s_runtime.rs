@@ -1,7 +1,7 @@
-//! `K8sRuntime` against kube's mock service: the exact API calls `observe` and `apply` make
-//! for a pool with routers, in order, and what `observe` makes of the answers (engine and
-//! router endpoints from their own selectors, router URLs on the router contract's ports,
-//! readiness, pods being deleted left out).
+//! `K8sRuntime` against kube's mock service: `observe` reads only the watch caches (no API
+//! call) and what it makes of them (engine and router endpoints from their own selectors,
+//! router URLs on the router contract's ports, readiness, pods being deleted left out, other
+//! pools and namespaces ignored); the exact API calls `apply` makes, in order.
 
 use std::collections::VecDeque;
 use std::time::Duration;
@@ -10,6 +10,7 @@ use http::{Method, Request, Response, StatusCode};
 use kube::Client;
 use kube::client::Body;
 use serde_json::{Value, json};
+use tidegate_operator::k8s::cache::Caches;
 use tidegate_operator::k8s::owners::OwnerBook;
 use tidegate_operator::k8s::runtime::K8sRuntime;
 use tidegate_operator::ports::{Endpoint, PoolRef, WorkloadRuntime};
@@ -21,15 +22,6 @@ struct Call {
     path: &'static str,
     query_has: Vec<&'static str>,
     answer: Option<Value>,
-}
-
-fn get(path: &'static str, query_has: Vec<&'static str>, answer: Value) -> Call {
-    Call {
-        method: Method::GET,
-        path,
-        query_has,
-        answer: Some(answer),
-    }
 }
 
 fn apply(path: &'static str) -> Call {
@@ -97,8 +89,14 @@ fn pod(name: &str, ip: &str, ready: bool, deleting: bool) -> Value {
     p
 }
 
-fn list(items: Vec<Value>) -> Value {
-    json!({"apiVersion": "v1", "kind": "PodList", "metadata": {}, "items": items})
+fn labelled(mut pod: Value, app: &str, pool: &str) -> Value {
+    pod["metadata"]["labels"] = json!({"app.kubernetes.io/name": app, "tidegate.dev/pool": pool});
+    pod
+}
+
+fn elsewhere(mut pod: Value) -> Value {
+    pod["metadata"]["namespace"] = json!("staging");
+    pod
 }
 
 fn pool_ref() -> PoolRef {
@@ -108,42 +106,63 @@ fn pool_ref() -> PoolRef {
     }
 }
 
-const PODS: &str = "/api/v1/namespaces/prod/pods";
-
 #[tokio::test]
-async fn observe_fills_engines_and_routers_from_their_own_selectors() {
-    let (service, handle) = tower_test::mock::pair::<Request<Body>, Response<Body>>();
-    let runtime = K8sRuntime::new(Client::new(service, "default"), OwnerBook::new());
+async fn observe_reads_engines_and_routers_from_the_caches_by_their_own_selectors() {
+    let (service, mut handle) = tower_test::mock::pair::<Request<Body>, Response<Body>>();
     let deployment = json!({
         "apiVersion": "apps/v1", "kind": "Deployment",
         "metadata": {"name": "chat", "namespace": "prod"},
         "spec": {"replicas": 1, "selector": {}, "template": {}},
         "status": {"readyReplicas": 1}
     });
-    let calls = vec![
-        get(
-            "/apis/apps/v1/namespaces/prod/deployments/chat",
-            vec![],
-            deployment,
+    let pods = vec![
+        labelled(
+            pod("chat-x", "10.0.0.1", true, false),
+            "tidegate-engine",
+            "chat",
         ),
-        get(
-            PODS,
-            vec!["tidegate-engine", "tidegate.dev%2Fpool%3Dchat"],
-            list(vec![pod("chat-x", "10.0.0.1", true, false)]),
+        labelled(
+            pod("chat-router-b", "10.0.1.2", false, false),
+            "tidegate-router",
+            "chat",
         ),
-        get(
-            PODS,
-            vec!["tidegate-router", "tidegate.dev%2Fpool%3Dchat"],
-            list(vec![
-                pod("chat-router-b", "10.0.1.2", false, false),
-                pod("chat-router-a", "fd00::7", true, false),
-                pod("chat-router-gone", "10.0.1.3", true, true),
-            ]),
+        labelled(
+            pod("chat-router-a", "fd00::7", true, false),
+            "tidegate-router",
+            "chat",
         ),
+        labelled(
+            pod("chat-router-gone", "10.0.1.3", true, true),
+            "tidegate-router",
+            "chat",
+        ),
+        // Another pool's engine, and a pool of the same name in another namespace.
+        labelled(
+            pod("other-x", "10.0.0.9", true, false),
+            "tidegate-engine",
+            "other",
+        ),
+        elsewhere(labelled(
+            pod("chat-y", "10.0.2.1", true, false),
+            "tidegate-engine",
+            "chat",
+        )),
     ];
-    let server = tokio::spawn(serve(handle, calls));
+    let caches = Caches::preloaded(
+        vec![serde_json::from_value(deployment).expect("deployment")],
+        pods.into_iter()
+            .map(|p| serde_json::from_value(p).expect("pod"))
+            .collect(),
+        Vec::new(),
+    );
+    let runtime = K8sRuntime::new(Client::new(service, "default"), OwnerBook::new(), caches);
     let state = runtime.observe(&pool_ref()).await.expect("observe");
-    server.await.expect("server");
+    let call = tokio::time::timeout(Duration::from_millis(200), handle.next_request()).await;
+    assert!(
+        call.is_err(),
+        "observe asked the API server: {:?}",
+        call.ok().flatten().map(|(r, _)| r.uri().clone())
+    );
     assert_eq!(state.replicas, Some(1));
     assert_eq!(
         state.endpoints.iter().map(|e| &e.name).collect::<Vec<_>>(),
@@ -177,7 +196,11 @@ async fn observe_fills_engines_and_routers_from_their_own_selectors() {
 #[tokio::test]
 async fn apply_writes_engine_and_router_objects_front_door_last() {
     let (service, handle) = tower_test::mock::pair::<Request<Body>, Response<Body>>();
-    let runtime = K8sRuntime::new(Client::new(service, "default"), OwnerBook::new());
+    let runtime = K8sRuntime::new(
+        Client::new(service, "default"),
+        OwnerBook::new(),
+        Caches::default(),
+    );
     let spec: tidegate_api::InferencePoolSpec = serde_json::from_value(json!({
         "model": {"name": "m", "uri": "file:///models/m"},
         "engine": {"image": "engine:1"},

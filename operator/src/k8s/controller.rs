@@ -20,7 +20,6 @@ use std::collections::{HashMap, HashSet};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use k8s_openapi::api::core::v1::Secret;
 use kube::api::{Patch, PatchParams};
 use kube::runtime::controller::Action;
 use kube::{Api, Client, Resource, ResourceExt};
@@ -36,12 +35,15 @@ use super::lenient::Lenient;
 use super::{render, unreadable};
 
 use super::api_keys::parse_api_keys;
+use super::cache::{CacheError, Caches};
 use super::events::EventSink;
 use super::metrics::OperatorMetrics;
 use super::owners::OwnerBook;
+use super::secret_texts::SecretTexts;
 use crate::driver::{Driver, DriverError, TickInput};
 use crate::plan::{ConditionPlan, Millis, merge_conditions};
 use crate::ports::{EngineControl, MetricsSource, PoolRef, RegistryStore, WorkloadRuntime};
+use crate::status_write;
 
 /// Wall clock in Unix milliseconds (injectable for tests).
 pub type Clock = Arc<dyn Fn() -> Millis + Send + Sync>;
@@ -67,6 +69,8 @@ pub enum Error {
     NoNamespace,
     #[error("status: {0}")]
     Serialize(#[from] serde_json::Error),
+    #[error("watch cache: {0}")]
+    Cache(#[from] CacheError),
 }
 
 impl Error {
@@ -77,6 +81,7 @@ impl Error {
             Error::Driver(d) => d.metric_label(),
             Error::NoNamespace => "invalid",
             Error::Serialize(_) => "serialize",
+            Error::Cache(_) => "cache",
         }
     }
 }
@@ -88,6 +93,8 @@ struct PoolBook {
     last_tick: Option<(Instant, Option<i64>)>,
     /// Consecutive failures, for backoff.
     failures: u32,
+    /// When this operator last wrote the pool's status.
+    status_written_at: Option<Millis>,
 }
 
 /// Everything reconcile needs.
@@ -104,6 +111,11 @@ pub struct Context<W, M, E, R> {
     pub read_secrets: bool,
     /// Whether this cluster mounts oci:// models (image volumes); found out on first use.
     pub image_volumes: ImageVolumes,
+    /// The watch caches ticks read (TierPolicies here; Deployments and pods in the runtime).
+    /// `run_controller` starts them.
+    pub caches: Caches,
+    /// API-key Secret contents, read at most once per TTL.
+    pub secret_texts: SecretTexts,
     books: Mutex<HashMap<PoolRef, PoolBook>>,
 }
 
@@ -132,6 +144,8 @@ where
             dirty: Arc::default(),
             read_secrets: true,
             image_volumes: ImageVolumes::default(),
+            caches: Caches::default(),
+            secret_texts: SecretTexts::default(),
             books: Mutex::new(HashMap::new()),
         }
     }
@@ -176,29 +190,31 @@ enum Policy {
     Unreadable(String),
 }
 
-/// Loads the pool's TierPolicy; an unreadable one gets Ready=False Invalid on its status.
+/// Loads the pool's TierPolicy from the watch cache; an unreadable one gets Ready=False
+/// Invalid on its status.
 async fn load_policy(
     client: &Client,
+    caches: &Caches,
     ns: &str,
     pool: &InferencePool,
     now: Millis,
-) -> Result<Policy, kube::Error> {
+) -> Result<Policy, Error> {
     let Some(r) = &pool.spec.tier_policy_ref else {
         return Ok(Policy::Found(None));
     };
-    let api: Api<Lenient<TierPolicy>> = Api::namespaced(client.clone(), ns);
-    let Some(tp) = api.get_opt(&r.name).await? else {
+    let Some(tp) = caches.policy(ns, &r.name).await? else {
         return Ok(Policy::Missing(r.name.clone()));
     };
-    match tp.parsed {
-        Ok(tp) => Ok(Policy::Found(Some(tp.spec))),
+    match &tp.parsed {
+        Ok(tp) => Ok(Policy::Found(Some(tp.spec.clone()))),
         Err(bad) => {
             warn!(policy = %r.name, namespace = ns, error = %bad.message, "TierPolicy cannot be read");
+            let api: Api<Lenient<TierPolicy>> = Api::namespaced(client.clone(), ns);
             let generation = tp.metadata.generation;
             unreadable::report(
                 &api,
                 &r.name,
-                &bad,
+                bad,
                 unreadable::POLICY_REASON,
                 generation,
                 now,
@@ -209,10 +225,11 @@ async fn load_policy(
     }
 }
 
-/// API keys of a policy; problems are logged and yield no keys (requests then fall to the
-/// default tier or the gateway headers).
+/// API keys of a policy (its Secret read at most once per `secret_texts::TTL`); problems are
+/// logged and yield no keys (requests then fall to the default tier or the gateway headers).
 async fn load_api_keys(
     client: &Client,
+    texts: &SecretTexts,
     ns: &str,
     pool: &PoolRef,
     policy: &TierPolicySpec,
@@ -220,9 +237,8 @@ async fn load_api_keys(
     let Some(src) = &policy.tenancy.api_keys else {
         return Vec::new();
     };
-    let api: Api<Secret> = Api::namespaced(client.clone(), ns);
-    let secret = match api.get_opt(&src.secret_name).await {
-        Ok(Some(s)) => s,
+    let text = match texts.read(client, ns, &src.secret_name, &src.key).await {
+        Ok(Some(text)) => text,
         Ok(None) => {
             warn!(pool = %pool, secret = %src.secret_name, "API key Secret not found; no API keys");
             return Vec::new();
@@ -232,12 +248,6 @@ async fn load_api_keys(
             return Vec::new();
         }
     };
-    let text = secret
-        .data
-        .as_ref()
-        .and_then(|d| d.get(&src.key))
-        .map(|b| String::from_utf8_lossy(&b.0).into_owned())
-        .unwrap_or_default();
     let tiers: Vec<&str> = policy.tiers.iter().map(|t| t.name.as_str()).collect();
     parse_api_keys(&text, &tiers).unwrap_or_else(|e| {
         warn!(pool = %pool, secret = %src.secret_name, key = %src.key, error = %e, "API keys refused; no API keys");
@@ -417,13 +427,13 @@ where
         // once on a spec change (a pvc:// model).
         return Ok(Action::requeue(Duration::from_secs(300)));
     }
-    let policy = load_policy(&ctx.client, &ns, pool, (ctx.clock)()).await?;
+    let policy = load_policy(&ctx.client, &ctx.caches, &ns, pool, (ctx.clock)()).await?;
     let tiers = match &policy {
         Policy::Found(t) => t.clone(),
         Policy::Missing(_) | Policy::Unreadable(_) => None,
     };
     let keys = match (&tiers, ctx.read_secrets) {
-        (Some(t), true) => load_api_keys(&ctx.client, &ns, &pref, t).await,
+        (Some(t), true) => load_api_keys(&ctx.client, &ctx.secret_texts, &ns, &pref, t).await,
         _ => Vec::new(),
     };
 
@@ -444,10 +454,16 @@ where
 
     let mut status = outcome.status.clone();
     mark_policy_problem(&mut status, previous, &policy, now, generation);
-    let api: Api<InferencePool> = Api::namespaced(ctx.client.clone(), &ns);
-    let patch = serde_json::json!({ "status": status });
-    api.patch_status(&pref.name, &PatchParams::default(), &Patch::Merge(&patch))
-        .await?;
+    let written_at = ctx.with_book(&pref, |b| b.status_written_at);
+    let write = status_write::decide(previous, &status, written_at, now);
+    if write.due() {
+        let api: Api<InferencePool> = Api::namespaced(ctx.client.clone(), &ns);
+        let patch = serde_json::json!({ "status": status });
+        api.patch_status(&pref.name, &PatchParams::default(), &Patch::Merge(&patch))
+            .await?;
+        ctx.with_book(&pref, |b| b.status_written_at = Some(now));
+    }
+    ctx.metrics.status_write(write);
 
     ctx.events
         .publish(&pool.object_ref(&()), &outcome.plan.events)

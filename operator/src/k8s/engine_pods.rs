@@ -6,6 +6,8 @@
 //! every half second, but a pod in its preStop sleep still answers its probes. So every
 //! engine pod change wakes its pool, and a change that takes an engine out (the pod deleting,
 //! gone, or not Ready) also marks the pool dirty, which lets the tick through the debounce.
+//! The changes come from the pod cache's own feed (`cache`), so the tick they wake reads a
+//! pod list that already has the engine out.
 //!
 //! Invariant: changes that keep an engine Ready (its own status churn, the operator's
 //! pod-deletion-cost patch) never force a tick, so they cannot re-trigger reconciles in a loop.
@@ -22,17 +24,19 @@ use super::lenient::Lenient;
 use super::{ENGINE_APP, POOL_LABEL};
 use crate::ports::PoolRef;
 
-/// Label selector of every pool's engine pods.
-pub fn engine_pods_selector() -> String {
-    format!("app.kubernetes.io/name={ENGINE_APP},{POOL_LABEL}")
-}
+/// The label that tells an engine pod from a router pod.
+const APP_NAME_LABEL: &str = "app.kubernetes.io/name";
 
-/// The pool of an engine pod, marked dirty when the change takes the engine out.
+/// The pool of an engine pod, marked dirty when the change takes the engine out. Router
+/// pods (the pod watch carries both) map to nothing: the routers' own set is not urgent.
 pub fn pool_of_engine_pod(
     dirty: &Mutex<HashSet<PoolRef>>,
     pod: &Pod,
 ) -> Option<ObjectRef<Lenient<InferencePool>>> {
     let namespace = pod.namespace()?;
+    if pod.labels().get(APP_NAME_LABEL).map(String::as_str) != Some(ENGINE_APP) {
+        return None;
+    }
     let name = pod.labels().get(POOL_LABEL)?.clone();
     if takes_engine_out(pod)
         && let Ok(mut d) = dirty.lock()
@@ -69,7 +73,13 @@ mod tests {
             metadata: ObjectMeta {
                 name: Some("tide-abc".into()),
                 namespace: Some("ns".into()),
-                labels: Some([(POOL_LABEL.to_string(), "tide".to_string())].into()),
+                labels: Some(
+                    [
+                        (POOL_LABEL.to_string(), "tide".to_string()),
+                        (APP_NAME_LABEL.to_string(), ENGINE_APP.to_string()),
+                    ]
+                    .into(),
+                ),
                 deletion_timestamp: deleting
                     .then_some(Time(k8s_openapi::jiff::Timestamp::UNIX_EPOCH)),
                 ..Default::default()
@@ -114,6 +124,15 @@ mod tests {
             dirty_after(&pod(false, false)),
             (true, Some("ns/tide".into()))
         );
+    }
+
+    #[test]
+    fn a_router_pod_maps_to_nothing() {
+        let mut p = pod(false, true);
+        if let Some(l) = p.metadata.labels.as_mut() {
+            l.insert(APP_NAME_LABEL.to_string(), "tidegate-router".to_string());
+        }
+        assert_eq!(dirty_after(&p), (false, None));
     }
 
     #[test]

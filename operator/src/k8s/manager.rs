@@ -5,6 +5,7 @@
 //! workload), the Deployments, Services and PodDisruptionBudgets the operator owns, and the
 //! pools' engine pods (see `engine_pods`: an engine that leaves reaches the routers at once).
 //! With several namespaces, one controller runs per namespace over the same context.
+//! The watch caches a tick reads (`cache`) are started here and driven with the controllers.
 //!
 //! Pools and policies are watched as `Lenient` objects: one the operator cannot parse is
 //! reported on its own status and never fails the list the others arrive in. A shutdown
@@ -15,8 +16,7 @@ use std::time::Duration;
 
 use futures::stream::BoxStream;
 use futures::{FutureExt, StreamExt};
-use k8s_openapi::api::apps::v1::Deployment;
-use k8s_openapi::api::core::v1::{Pod, Service};
+use k8s_openapi::api::core::v1::Service;
 use k8s_openapi::api::policy::v1::PodDisruptionBudget;
 use kube::runtime::reflector::{ObjectRef, Store};
 use kube::runtime::{Controller, watcher};
@@ -24,8 +24,9 @@ use kube::{Api, Client, ResourceExt};
 use tidegate_api::{InferencePool, TierPolicy};
 use tracing::{debug, info, warn};
 
+use super::cache::MANAGED_SELECTOR;
 use super::controller::{Context, error_policy, reconcile};
-use super::engine_pods::{engine_pods_selector, pool_of_engine_pod};
+use super::engine_pods::pool_of_engine_pod;
 use super::lenient::Lenient;
 use super::shutdown::Shutdown;
 use crate::ports::{EngineControl, MetricsSource, PoolRef, RegistryStore, WorkloadRuntime};
@@ -89,11 +90,17 @@ pub async fn run_controller<W, M, E, R>(
     } else {
         opts.namespaces.iter().cloned().map(Some).collect()
     };
-    let owned = watcher::Config::default().labels("app.kubernetes.io/managed-by=tidegate-operator");
+    let owned = watcher::Config::default().labels(MANAGED_SELECTOR);
     let mut streams: Vec<BoxStream<'static, ()>> = Vec::new();
     let mut stores = Vec::new();
-    for scope in &scopes {
-        let ns = scope.as_deref();
+    // The caches ticks read from; their feeds are also the controllers' triggers.
+    let feeds = ctx.caches.start(&client, &scopes, opts.watch_owned);
+    if feeds.is_empty() {
+        warn!("the watch caches were started before; not starting the controller twice");
+        return;
+    }
+    for feed in feeds {
+        let ns = feed.namespace.as_deref();
         let mut controller = Controller::new(
             api::<Lenient<InferencePool>>(&client, ns),
             watcher::Config::default(),
@@ -101,33 +108,35 @@ pub async fn run_controller<W, M, E, R>(
         let store = controller.store();
         stores.push(store.clone());
         let dirty = ctx.dirty.clone();
-        controller = controller.watches(
-            api::<Lenient<TierPolicy>>(&client, ns),
-            watcher::Config::default(),
-            move |policy| {
-                let pools = pools_using(&store, &policy);
-                if let Ok(mut d) = dirty.lock() {
-                    for p in &pools {
-                        d.insert(PoolRef {
-                            namespace: p.namespace.clone().unwrap_or_default(),
-                            name: p.name.clone(),
-                        });
-                    }
+        let policy_ctx = ctx.clone();
+        controller = controller.watches_stream(feed.policies, move |policy| {
+            // A policy edit may name another key Secret: read it afresh.
+            if let Some(ns) = policy.namespace() {
+                policy_ctx.secret_texts.forget_namespace(&ns);
+            }
+            let pools = pools_using(&store, &policy);
+            if let Ok(mut d) = dirty.lock() {
+                for p in &pools {
+                    d.insert(PoolRef {
+                        namespace: p.namespace.clone().unwrap_or_default(),
+                        name: p.name.clone(),
+                    });
                 }
-                pools
-            },
-        );
+            }
+            pools
+        });
+        if let Some(deployments) = feed.deployments {
+            controller = controller.owns_stream(deployments);
+        }
         if opts.watch_owned {
             controller = controller
-                .owns(api::<Deployment>(&client, ns), owned.clone())
                 .owns(api::<Service>(&client, ns), owned.clone())
                 .owns(api::<PodDisruptionBudget>(&client, ns), owned.clone());
+        }
+        if let Some(pods) = feed.pods {
             let dirty = ctx.dirty.clone();
-            controller = controller.watches(
-                api::<Pod>(&client, ns),
-                watcher::Config::default().labels(&engine_pods_selector()),
-                move |pod| pool_of_engine_pod(&dirty, &pod),
-            );
+            controller =
+                controller.watches_stream(pods, move |pod| pool_of_engine_pod(&dirty, &pod));
         }
         let stop = shutdown.clone();
         let stream = controller

@@ -22,6 +22,7 @@ use tidegate_api::AdmissionState;
 
 use crate::driver::TickOutcome;
 use crate::ports::PoolRef;
+use crate::status_write::StatusWrite;
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct PoolLabels {
@@ -59,6 +60,7 @@ pub struct OperatorMetrics {
     pub admission_paused: Family<PoolLabels, Gauge>,
     pub metrics_available: Family<PoolLabels, Gauge>,
     pub scaling_decisions: Family<DecisionLabels, Counter>,
+    pub status_writes: Family<ReasonLabel, Counter>,
 }
 
 impl Default for OperatorMetrics {
@@ -84,9 +86,15 @@ impl OperatorMetrics {
             admission_paused: Family::default(),
             metrics_available: Family::default(),
             scaling_decisions: Family::default(),
+            status_writes: Family::default(),
         };
         let r = &mut m.registry;
         r.register("reconciles", "Reconciles run", m.reconciles.clone());
+        r.register(
+            "status_writes",
+            "Ticks by what they did with the pool's status: changed, figures, heartbeat (written) or skip",
+            m.status_writes.clone(),
+        );
         r.register(
             "reconcile_errors",
             "Reconciles that failed, by reason",
@@ -222,6 +230,21 @@ impl OperatorMetrics {
                 direction: direction.to_string(),
             });
         }
+    }
+
+    /// Counts a tick's status decision.
+    pub fn status_write(&self, write: StatusWrite) {
+        let reason = match write {
+            StatusWrite::Changed => "changed",
+            StatusWrite::Figures => "figures",
+            StatusWrite::Heartbeat => "heartbeat",
+            StatusWrite::Skip => "skip",
+        };
+        self.status_writes
+            .get_or_create(&ReasonLabel {
+                reason: reason.to_string(),
+            })
+            .inc();
     }
 
     /// Counts a failed reconcile.

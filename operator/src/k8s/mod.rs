@@ -19,6 +19,7 @@
 //! never see a router pod, and the front-door Service never sends a client to an engine.
 
 pub mod api_keys;
+pub mod cache;
 pub mod controller;
 pub mod deployment;
 pub mod engine_pods;
@@ -36,6 +37,7 @@ pub mod render;
 pub mod router;
 pub mod run;
 pub mod runtime;
+pub mod secret_texts;
 pub mod shutdown;
 pub mod source_switch;
 pub mod unreadable;

@@ -17,6 +17,7 @@ use anyhow::Context as _;
 use kube::Client;
 use tracing::{error, info};
 
+use super::cache::Caches;
 use super::controller::Context;
 use super::events::EventSink;
 use super::leader::LeaderElector;
@@ -164,13 +165,14 @@ async fn run(args: RunArgs) -> anyhow::Result<()> {
     match args.workload {
         Workload::Kubernetes => {
             let owners = OwnerBook::new();
+            let caches = Caches::default();
             let driver = Driver::new(
-                K8sRuntime::new(client.clone(), owners.clone()),
+                K8sRuntime::new(client.clone(), owners.clone(), caches.clone()),
                 metrics,
                 HttpEngineControl::new(),
                 ConfigMapRegistry::new(client.clone(), owners.clone()),
             );
-            run_with(&args, client, driver, owners, Capabilities::CLUSTER).await
+            run_with(&args, client, driver, owners, caches, Capabilities::CLUSTER).await
         }
         Workload::Local => {
             let engine_bin = match &args.engine_bin {
@@ -205,6 +207,7 @@ async fn run(args: RunArgs) -> anyhow::Result<()> {
                 client,
                 driver,
                 OwnerBook::new(),
+                Caches::default(),
                 Capabilities::CRDS_ONLY,
             )
             .await
@@ -215,12 +218,14 @@ async fn run(args: RunArgs) -> anyhow::Result<()> {
 /// Runs the controller over any adapters until SIGTERM / Ctrl-C (or a lost Lease): serves
 /// /metrics and /healthz, waits for the Lease if --leader-election, then reconciles. A
 /// signal ends it within `shutdown::DRAIN_LIMIT` at any of these stages.
-/// `owners` must be the book the runtime and registry record owner references in.
+/// `owners` must be the book the runtime and registry record owner references in, and
+/// `caches` the caches the runtime reads (the controller starts them).
 pub async fn run_with<W, M, E, R>(
     args: &RunArgs,
     client: Client,
     driver: Driver<W, M, E, R>,
     owners: OwnerBook,
+    caches: Caches,
     caps: Capabilities,
 ) -> anyhow::Result<()>
 where
@@ -259,6 +264,7 @@ where
     };
     let mut ctx = Context::new(client, driver, owners, events, metrics);
     ctx.read_secrets = caps.secrets;
+    ctx.caches = caches;
     let opts = ControllerOptions {
         namespaces: args
             .namespaces

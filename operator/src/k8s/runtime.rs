@@ -12,6 +12,8 @@
 //! - Pods being deleted are not endpoints; an endpoint is ready when its Ready condition is.
 //! - Engine endpoints come from the engine selector and routers from the router selector;
 //!   neither listing ever holds the other's pods.
+//! - What `observe` reads (the Deployment, the pods) comes from the watch caches; only
+//!   writes and the admin Secret go to the API server.
 //! - The front-door Service is applied last: on a pool that ran before the router existed,
 //!   clients move to the routers only once the router Deployment has been applied.
 
@@ -22,18 +24,19 @@ use std::time::{Duration, Instant};
 use k8s_openapi::api::apps::v1::Deployment;
 use k8s_openapi::api::core::v1::{Pod, Secret, Service};
 use k8s_openapi::api::policy::v1::PodDisruptionBudget;
-use kube::api::{ListParams, Patch, PatchParams, PostParams};
+use kube::api::{Patch, PatchParams, PostParams};
 use kube::{Api, Client};
 use serde::Serialize;
 use serde::de::DeserializeOwned;
 use tidegate_api::InferencePoolSpec;
 use tracing::{debug, info};
 
+use super::cache::Caches;
 use super::owners::OwnerBook;
 use super::{
     ADMIN_PORT, ADMIN_TOKEN_KEY, FIELD_MANAGER, HTTP_PORT, ROUTER_ADMIN_PORT, ROUTER_HTTP_PORT,
-    admin_secret_name, engines_service_name, objects, render, router_name, router_selector_string,
-    selector_string,
+    admin_secret_name, engines_service_name, objects, render, router_name, router_selector_labels,
+    selector_labels, selector_string,
 };
 use crate::ports::{Endpoint, PoolRef, RuntimeError, WorkloadRuntime, WorkloadState};
 
@@ -55,14 +58,18 @@ fn err(what: &str, pool: &PoolRef, e: impl std::fmt::Display) -> RuntimeError {
 pub struct K8sRuntime {
     client: Client,
     owners: OwnerBook,
+    caches: Caches,
     tokens: Mutex<HashMap<PoolRef, (String, Instant)>>,
 }
 
 impl K8sRuntime {
-    pub fn new(client: Client, owners: OwnerBook) -> Self {
+    /// A runtime that reads Deployments and pods from `caches` (started by the controller)
+    /// and writes through `client`.
+    pub fn new(client: Client, owners: OwnerBook, caches: Caches) -> Self {
         K8sRuntime {
             client,
             owners,
+            caches,
             tokens: Mutex::new(HashMap::new()),
         }
     }
@@ -142,29 +149,31 @@ fn pod_at(pod: &Pod, http_port: i32, admin_port: i32) -> Option<Endpoint> {
 
 impl WorkloadRuntime for K8sRuntime {
     async fn observe(&self, pool: &PoolRef) -> Result<WorkloadState, RuntimeError> {
-        let deployments: Api<Deployment> = Api::namespaced(self.client.clone(), &pool.namespace);
-        let dep = deployments
-            .get_opt(&pool.name)
+        let ns = &pool.namespace;
+        let dep = self
+            .caches
+            .deployment(ns, &pool.name)
             .await
             .map_err(|e| err("reading the Deployment", pool, e))?;
-        let selector = selector_string(&pool.name);
-        let pods: Api<Pod> = Api::namespaced(self.client.clone(), &pool.namespace);
-        let list = pods
-            .list(&ListParams::default().labels(&selector))
+        let engine_pods = self
+            .caches
+            .pods(ns, &selector_labels(&pool.name))
             .await
             .map_err(|e| err("listing pods", pool, e))?;
-        let mut endpoints: Vec<Endpoint> = list.items.iter().filter_map(pod_endpoint).collect();
+        let mut endpoints: Vec<Endpoint> =
+            engine_pods.iter().filter_map(|p| pod_endpoint(p)).collect();
         endpoints.sort_by(|a, b| a.name.cmp(&b.name));
-        let router_list = pods
-            .list(&ListParams::default().labels(&router_selector_string(&pool.name)))
+        let router_pods = self
+            .caches
+            .pods(ns, &router_selector_labels(&pool.name))
             .await
             .map_err(|e| err("listing router pods", pool, e))?;
-        let mut routers: Vec<Endpoint> = router_list
-            .items
+        let mut routers: Vec<Endpoint> = router_pods
             .iter()
-            .filter_map(router_pod_endpoint)
+            .filter_map(|p| router_pod_endpoint(p))
             .collect();
         routers.sort_by(|a, b| a.name.cmp(&b.name));
+        let selector = selector_string(&pool.name);
         let replicas = dep
             .as_ref()
             .map(|d| d.spec.as_ref().and_then(|s| s.replicas).unwrap_or(1));
