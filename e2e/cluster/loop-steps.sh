@@ -154,10 +154,16 @@ kubectl -n "$NS" get inferencepools | sed 's/^/       | /'
 loop_zero_pool_manifest "pvc://model-weights/tiny-random" "    extraArgs: [\"--threads\", \"1\"]" \
     ", metrics: {source: Direct}" 120s | kubectl apply -f - >/dev/null
 zp() { kubectl -n "$NS" get inferencepool zero -o jsonpath="$1" 2>/dev/null; }
+# Ready routers are not yet reachable through the Service: its EndpointSlice must list one
+# ready (kube-proxy refuses connections to a Service without endpoints).
 zero_routers_up() {
-    kubectl -n "$NS" rollout status deploy/zero-router --timeout=2s >/dev/null 2>&1 && [ "$(zp '{.status.replicas}')" = 0 ]
+    kubectl -n "$NS" rollout status deploy/zero-router --timeout=2s >/dev/null 2>&1 &&
+        [ "$(kubectl -n "$NS" get deploy zero -o jsonpath='{.spec.replicas}' 2>/dev/null)" = 0 ] &&
+        kubectl -n "$NS" get endpointslices -l kubernetes.io/service-name=zero \
+            -o jsonpath='{.items[*].endpoints[?(@.conditions.ready==true)].addresses[0]}' 2>/dev/null | grep -q .
 }
 wait_for "the pool at min 0 has its routers Ready and no engine" 120 zero_routers_up
+sleep 2 # kube-proxy's rules follow the EndpointSlice within its sync period
 ZIP=$(kubectl -n "$NS" get service zero -o jsonpath='{.spec.clusterIP}')
 printf '[{"pool": "zero", "url": "http://%s:8000"}]\n' "$ZIP" >"$WORK/zero-routers.json"
 t0=$SECONDS

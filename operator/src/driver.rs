@@ -92,6 +92,8 @@ impl DriverError {
 struct PoolMemory {
     plan: PlanState,
     registry: Option<Registry>,
+    /// When this operator last saved the registry.
+    registry_saved_at: Option<Millis>,
     actions: ActionMemory,
 }
 
@@ -193,7 +195,13 @@ impl<W: WorkloadRuntime, M: MetricsSource, E: EngineControl, R: RegistryStore> D
                 .await;
         }
         let registry = self
-            .execute_registry(input, &workload, &token, &mut mem.registry)
+            .execute_registry(
+                input,
+                &workload,
+                &token,
+                &mut mem.registry,
+                &mut mem.registry_saved_at,
+            )
             .await?;
         let policy =
             decide::policy_for(spec, input.tiers, input.api_keys, &plan.admission, registry);
@@ -299,13 +307,14 @@ impl<W: WorkloadRuntime, M: MetricsSource, E: EngineControl, R: RegistryStore> D
     }
 
     /// The registry: loaded once, merged with what the ready engines admitted since their
-    /// last answer, saved when it changed.
+    /// last answer, saved when its tenants changed (and its watermarks now and then).
     async fn execute_registry<'m>(
         &self,
         input: &TickInput<'_>,
         workload: &WorkloadState,
         token: &str,
         slot: &'m mut Option<Registry>,
+        saved_at: &mut Option<Millis>,
     ) -> Result<&'m Registry, DriverError> {
         let pool = input.pool;
         let registry = match slot {
@@ -329,8 +338,9 @@ impl<W: WorkloadRuntime, M: MetricsSource, E: EngineControl, R: RegistryStore> D
         for (engine, added) in &merged.added {
             info!(pool = %pool, engine = %engine, added, total = registry.len(), "new tenants admitted");
         }
-        if merged.changed {
+        if decide::registry_save_due(&merged, *saved_at, input.now) {
             self.registry.save(pool, registry).await?;
+            *saved_at = Some(input.now);
         }
         Ok(registry)
     }

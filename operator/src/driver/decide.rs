@@ -242,8 +242,25 @@ pub fn collect_from(workload: &WorkloadState, registry: &Registry) -> Vec<(Endpo
 pub struct Merged {
     /// Engine name → tenants new to the registry from it (only engines that added some).
     pub added: Vec<(String, usize)>,
-    /// The registry changed and must be saved before the tick succeeds.
+    /// The tenants changed (added, re-seen, pruned): saved before the tick succeeds.
     pub changed: bool,
+    /// Only the engines' watermarks moved (they move on every answer): saved now and then
+    /// (`registry_save_due`).
+    pub watermarks_moved: bool,
+}
+
+/// How long watermark-only changes may wait to be saved. A restarted operator that reads
+/// older watermarks asks engines for tenants since then and merges the ones it knew again,
+/// which changes nothing; saving them on every tick would be a write per pool per interval.
+pub const WATERMARK_SAVE_MS: Millis = 300_000;
+
+/// Whether this tick saves the registry: at once when tenants changed; when only watermarks
+/// moved, once `WATERMARK_SAVE_MS` passed since the last save (or none since this operator
+/// started).
+pub fn registry_save_due(merged: &Merged, saved_at: Option<Millis>, now: Millis) -> bool {
+    merged.changed
+        || (merged.watermarks_moved
+            && saved_at.is_none_or(|at| now.saturating_sub(at) >= WATERMARK_SAVE_MS))
 }
 
 /// Merges what engines reported, forgets tenants not seen within the pool's tenant memory
@@ -270,7 +287,8 @@ pub fn merge_reports(
         .retain(|name, _| workload.endpoints.iter().any(|e| &e.name == name));
     Merged {
         added,
-        changed: *registry != before,
+        changed: registry.tenants != before.tenants,
+        watermarks_moved: registry.watermarks != before.watermarks,
     }
 }
 

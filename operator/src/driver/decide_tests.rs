@@ -291,6 +291,24 @@ fn a_merge_adds_new_tenants_prunes_old_ones_and_forgets_gone_engines() {
 }
 
 #[test]
+fn watermarks_alone_are_saved_now_and_then_tenants_at_once() {
+    let mut registry = Registry::default();
+    let first = [("e0".to_string(), report(T0, &[("a", "free", T0)]))];
+    let merged = merge_reports(&mut registry, &first, &three(), &spec(), T0);
+    assert!(merged.changed && registry_save_due(&merged, Some(T0), T0));
+    // The next answers only move e0's watermark.
+    let later = [("e0".to_string(), report(T0 + 15_000, &[]))];
+    let moved = merge_reports(&mut registry, &later, &three(), &spec(), T0 + 15_000);
+    assert!(!moved.changed && moved.watermarks_moved);
+    assert!(!registry_save_due(&moved, Some(T0), T0 + 15_000));
+    assert!(registry_save_due(&moved, Some(T0), T0 + WATERMARK_SAVE_MS));
+    assert!(
+        registry_save_due(&moved, None, T0 + 15_000),
+        "a restarted operator saves once"
+    );
+}
+
+#[test]
 fn the_policy_carries_admission_and_the_registry() {
     let mut registry = Registry::default();
     registry.merge("e0", &report(T0, &[("a", "free", T0)]));
