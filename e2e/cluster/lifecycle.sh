@@ -49,9 +49,17 @@ fi
 check "the changed value took effect: the operator runs with RUST_LOG=debug" \
     bash -c '[ "$(kubectl -n '"$NS"' get deploy tidegate -o jsonpath="{.spec.template.spec.containers[0].env[?(@.name==\"RUST_LOG\")].value}")" = debug ] \
         && kubectl -n '"$NS"' rollout status deploy/tidegate --timeout=120s'
-wait_for "the new operator pod holds the leader Lease" 90 lease_is_operators
-check "the operator pod that leads runs the new image ($NEXT_TAG)" bash -c \
-    '[ "$(kubectl -n '"$NS"' get pod "$(kubectl -n '"$NS"' get lease tidegate-operator -o jsonpath="{.spec.holderIdentity}")" -o jsonpath="{.spec.containers[0].image}")" = "'"$OPERATOR_REPO:$NEXT_TAG"'" ]'
+# The old pod may still be listed (terminating) and still hold the Lease until it expires:
+# wait for a holder that is not being deleted and runs the new image.
+lease_is_new_operators() {
+    local holder seen
+    holder=$(lease_holder)
+    [ -n "$holder" ] || return 1
+    seen=$(kubectl -n "$NS" get pod "$holder" \
+        -o jsonpath='{.metadata.deletionTimestamp}|{.spec.containers[0].image}' 2>/dev/null) || return 1
+    [ "$seen" = "|$OPERATOR_REPO:$NEXT_TAG" ]
+}
+wait_for "the new operator pod, running the new image ($NEXT_TAG), holds the leader Lease" 90 lease_is_new_operators
 sleep 10
 touch "$WORK/upgrade-done"
 wait "$SAMPLER"
