@@ -33,11 +33,8 @@ use serde::de::DeserializeOwned;
 use tidegate_api::TierPolicy;
 use tokio::sync::watch;
 
-use super::POOL_LABEL;
 use super::lenient::Lenient;
-
-/// Label selector of the Deployments the operator manages.
-pub const MANAGED_SELECTOR: &str = "app.kubernetes.io/managed-by=tidegate-operator";
+use super::{POOL_LABEL, managed_selector};
 
 /// A store and whether it has had its first full list.
 ///
@@ -177,7 +174,7 @@ impl Caches {
             };
             let (mut deployments, mut pods) = (None, None);
             if workloads {
-                let config = watcher::Config::default().labels(MANAGED_SELECTOR);
+                let config = watcher::Config::default().labels(&managed_selector());
                 let (s, f) = feed(api(client, ns_ref), config);
                 deployments = Some(s);
                 scope.deployments = Some(f);

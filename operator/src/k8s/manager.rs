@@ -24,10 +24,10 @@ use kube::{Api, Client, ResourceExt};
 use tidegate_api::{InferencePool, TierPolicy};
 use tracing::{debug, info, warn};
 
-use super::cache::MANAGED_SELECTOR;
 use super::controller::{Context, error_policy, reconcile};
 use super::engine_pods::pool_of_engine_pod;
 use super::lenient::Lenient;
+use super::managed_selector;
 use super::shutdown::Shutdown;
 use crate::ports::{EngineControl, MetricsSource, PoolRef, RegistryStore, WorkloadRuntime};
 
@@ -90,7 +90,7 @@ pub async fn run_controller<W, M, E, R>(
     } else {
         opts.namespaces.iter().cloned().map(Some).collect()
     };
-    let owned = watcher::Config::default().labels(MANAGED_SELECTOR);
+    let owned = watcher::Config::default().labels(&managed_selector());
     let mut streams: Vec<BoxStream<'static, ()>> = Vec::new();
     let mut stores = Vec::new();
     // The caches ticks read from; their feeds are also the controllers' triggers.

@@ -113,6 +113,13 @@ pub fn router_selector_string(pool: &str) -> String {
     label_string(&router_selector_labels(pool))
 }
 
+/// Label selector of every object the operator manages (the label `with_common` sets).
+pub fn managed_selector() -> String {
+    format!("{MANAGED_BY_LABEL}={FIELD_MANAGER}")
+}
+
+const MANAGED_BY_LABEL: &str = "app.kubernetes.io/managed-by";
+
 /// Labels on every object the operator creates for a pool's engines (and the pool's
 /// Secret, ConfigMaps and front-door Service, which are the pool's own).
 pub fn common_labels(pool: &str) -> BTreeMap<String, String> {
@@ -134,10 +141,7 @@ fn with_common(
         "app.kubernetes.io/component".to_string(),
         component.to_string(),
     );
-    labels.insert(
-        "app.kubernetes.io/managed-by".to_string(),
-        FIELD_MANAGER.to_string(),
-    );
+    labels.insert(MANAGED_BY_LABEL.to_string(), FIELD_MANAGER.to_string());
     labels
 }
 
@@ -153,6 +157,19 @@ mod tests {
             .skip(1)
             .take_while(|l| l.is_empty() || l.starts_with(' '))
             .collect()
+    }
+
+    #[test]
+    fn the_managed_selector_selects_what_the_operator_labels() {
+        let selector = managed_selector();
+        let (key, value) = selector.split_once('=').expect("key=value");
+        for labels in [common_labels("p"), router_labels("p")] {
+            assert_eq!(
+                labels.get(key).map(String::as_str),
+                Some(value),
+                "{labels:?}"
+            );
+        }
     }
 
     #[test]
