@@ -16,8 +16,21 @@
 # Each run also records how many cores other processes used meanwhile ("foreign"): the
 # machine is shared, and a run with foreign load > 0.3 cores is marked in the raw log.
 #
-# Knobs (environment): FORMATS="Q4_1 Q8_0 F32"  CONC=1,32  REPS=3  THREADS=2  NPREDICT=128
-#   WEIGHTS=as-file (tidegate --weights)  BIN=target/release/tidegate-engine
+# MODEL picks the file: smollm2 (SmolLM2-135M-Instruct, ~80-140 MB: it sits in a server
+# CPU's last-level cache, so it measures compute), or llama1b / llama3b (random weights with
+# the shapes of Llama-3.2-1B / 3B, written once by scripts/gen-llama-gguf.py in F16 and
+# quantized by the peer's llama-quantize to each of FORMATS, so both servers read the same
+# file: decode there is bound by memory bandwidth, as for real models).
+#
+# Also printed, at one stream: the fraction of the memory-bandwidth roofline each server
+# reaches, tok/s × weight bytes read per token ÷ the measured read bandwidth (tidegate's
+# `bench-model --bandwidth-only`, the same threads). Bytes per token: tidegate's own figure
+# from /v1/models; for llama.cpp the file's size (every tensor is read once per token; the
+# tied embedding table is read whole as the output layer).
+#
+# Knobs (environment): MODEL=smollm2  FORMATS="Q4_1 Q8_0 F32"  CONC=1,32  REPS=3  THREADS=2
+#   NPREDICT=128  WEIGHTS=as-file (tidegate --weights)  BIN=target/release/tidegate-engine
+#   KV_BLOCKS=4096 (tidegate --kv-blocks; 2048 for the Llama shapes)
 #   PEER_CACHE=$HOME/.cache/peer-llamacpp (as the peer script)  OUT=<dir for raw results>
 # Build first: cargo build --release -p tidegate-engine
 set -euo pipefail
@@ -33,7 +46,12 @@ WEIGHTS="${WEIGHTS:-as-file}"
 BIN="${BIN:-${CARGO_TARGET_DIR:-${root}/target}/release/tidegate-engine}"
 CACHE="${PEER_CACHE:-$HOME/.cache/peer-llamacpp}"
 CHROOT="${CACHE}/sid-root"
-MODEL_BASE="SmolLM2-135M-Instruct"
+MODEL="${MODEL:-smollm2}"
+case "${MODEL}" in
+  smollm2) MODEL_BASE="SmolLM2-135M-Instruct"; KV_BLOCKS="${KV_BLOCKS:-4096}" ;;
+  llama1b|llama3b) MODEL_BASE="random-llama-3.2-${MODEL#llama}"; KV_BLOCKS="${KV_BLOCKS:-2048}" ;;
+  *) echo "MODEL=${MODEL}: expected smollm2, llama1b or llama3b" >&2; exit 2 ;;
+esac
 OUT="${OUT:-$(mktemp -d /tmp/bench-vs-llamacpp.XXXXXX)}"
 LLAMA_PORT=18080
 TG_PORT=18090
@@ -45,6 +63,35 @@ log() { printf '[%s] %s\n' "$(date -u +%H:%M:%S)" "$*" >&2; }
 log "setting up the peer (idempotent)"
 PEER_EXTRA_QUANTS=Q8_0 PEER_SKIP="bench server membw" "${peer}/peer-llamacpp.sh" >"${OUT}/peer-setup.log" 2>&1 \
   || { tail -20 "${OUT}/peer-setup.log" >&2; exit 1; }
+
+# The Llama-shaped files: F16 from the generator (in a venv with the gguf package, cached),
+# then each format by llama-quantize. Idempotent: existing files are kept.
+prep_llama_shapes() {
+  local models="${CHROOT}/models" venv="${CACHE}/gguf-venv" fmt
+  if [[ ! -s "${models}/${MODEL_BASE}.F16.gguf" ]]; then
+    [[ -x "${venv}/bin/python" ]] || { python3 -m venv "${venv}" && "${venv}/bin/pip" -q install numpy gguf; }
+    log "writing ${MODEL_BASE}.F16.gguf (random weights)"
+    "${venv}/bin/python" "${root}/scripts/gen-llama-gguf.py" --shape "${MODEL#llama}" \
+      --tokenizer-from "${models}/SmolLM2-135M-Instruct.Q4_1.gguf" --out "${models}/${MODEL_BASE}.F16.gguf.tmp"
+    mv "${models}/${MODEL_BASE}.F16.gguf.tmp" "${models}/${MODEL_BASE}.F16.gguf"
+  fi
+  for fmt in ${FORMATS}; do
+    [[ "${fmt}" == F16 || -s "${models}/${MODEL_BASE}.${fmt}.gguf" ]] && continue
+    log "llama-quantize ${MODEL_BASE} F16 -> ${fmt}"
+    chroot "${CHROOT}" llama-quantize "/models/${MODEL_BASE}.F16.gguf" "/models/${MODEL_BASE}.${fmt}.gguf.tmp" "${fmt}" \
+      >"${OUT}/quantize-${fmt}.log" 2>&1 || { tail -5 "${OUT}/quantize-${fmt}.log" >&2; exit 1; }
+    mv "${models}/${MODEL_BASE}.${fmt}.gguf.tmp" "${models}/${MODEL_BASE}.${fmt}.gguf"
+  done
+}
+[[ "${MODEL}" == smollm2 ]] || prep_llama_shapes
+
+# Read bandwidth (best of 8 passes over 256 MiB), measured before each format; the roofline
+# uses the median of these, since on a shared host it moves with its neighbours' load.
+measure_bandwidth() {
+  RAYON_NUM_THREADS="${THREADS}" "${BIN}" bench-model --bandwidth-only >>"${OUT}/bandwidth.txt"
+  log "read bandwidth $(awk '/^memory bandwidth/{v=$4} END{print v}' "${OUT}/bandwidth.txt") GB/s"
+}
+: >"${OUT}/bandwidth.txt"
 
 SERVER_PID=""
 URL=""
@@ -70,19 +117,20 @@ wait_healthy() {  # $1 = url, $2 = log
 start_llama() {  # $1 = format
   chroot "${CHROOT}" llama-server -m "/models/${MODEL_BASE}.$1.gguf" --host 127.0.0.1 --port "${LLAMA_PORT}" \
     -np 32 -c 16384 --threads "${THREADS}" --threads-batch "${THREADS}" --cont-batching \
-    --seed 1234 -a "smollm2-$1" --no-webui >"${OUT}/llama-$1.log" 2>&1 &
+    --seed 1234 -a "${MODEL}-$1" --no-webui >"${OUT}/llama-$1.log" 2>&1 &
   SERVER_PID=$!
   URL="http://127.0.0.1:${LLAMA_PORT}"
   wait_healthy "${URL}/health" "${OUT}/llama-$1.log"
 }
 
 start_tidegate() {  # $1 = format
-  "${BIN}" serve --model "${CHROOT}/models/${MODEL_BASE}.$1.gguf" --served-model-name "smollm2-$1" \
+  "${BIN}" serve --model "${CHROOT}/models/${MODEL_BASE}.$1.gguf" --served-model-name "${MODEL}-$1" \
     --listen "127.0.0.1:${TG_PORT}" --admin-disabled --threads "${THREADS}" --weights "${WEIGHTS}" \
-    --max-batch-size 32 --max-queued-requests 256 --kv-blocks 4096 >"${OUT}/tidegate-$1.log" 2>&1 &
+    --max-batch-size 32 --max-queued-requests 256 --kv-blocks "${KV_BLOCKS}" >"${OUT}/tidegate-$1.log" 2>&1 &
   SERVER_PID=$!
   URL="http://127.0.0.1:${TG_PORT}"
   wait_healthy "${URL}/readyz" "${OUT}/tidegate-$1.log"
+  curl -fs "${URL}/v1/models" >"${OUT}/tidegate-$1.models.json"
 }
 
 HZ="$(getconf CLK_TCK)"
@@ -95,7 +143,7 @@ measure() {  # $1 = server (llama|tidegate), $2 = format, $3 = rep
   local b0 s0 t0 b1 s1 t1 u foreign
   b0=$(sys_busy); s0=$(pid_cpu "${SERVER_PID}"); t0=$(date +%s.%N)
   /usr/bin/time -f '%U %S' -o "${OUT}/$1-$2-rep$3.time" \
-    python3 "${peer}/loadgen.py" "${URL}" "smollm2-$2" --concurrency "${CONC}" --max-tokens "${NPREDICT}" \
+    python3 "${peer}/loadgen.py" "${URL}" "${MODEL}-$2" --concurrency "${CONC}" --max-tokens "${NPREDICT}" \
     --rounds 1 --min-requests 4 --label "$1 $2" --json-out "${OUT}/$1-$2-rep$3.json" \
     >"${OUT}/$1-$2-rep$3.txt" 2>&1 || true
   b1=$(sys_busy); s1=$(pid_cpu "${SERVER_PID}"); t1=$(date +%s.%N)
@@ -108,6 +156,7 @@ measure() {  # $1 = server (llama|tidegate), $2 = format, $3 = rep
 }
 
 for fmt in ${FORMATS}; do
+  measure_bandwidth
   for rep in $(seq 1 "${REPS}"); do
     if (( rep % 2 )); then order="llama tidegate"; else order="tidegate llama"; fi
     for s in ${order}; do measure "${s}" "${fmt}" "${rep}"; done
@@ -115,10 +164,18 @@ for fmt in ${FORMATS}; do
 done
 
 echo
-echo "== tidegate-engine (--weights ${WEIGHTS}) vs llama.cpp llama-server, ${THREADS} threads, ${NPREDICT}-token requests, ${REPS} alternated reps =="
-python3 - "${OUT}" "${FORMATS}" "${REPS}" <<'PY'
+READ_GBS="$(awk '/^memory bandwidth/{print $4}' "${OUT}/bandwidth.txt" | sort -n | awk '{v[NR]=$1} END{print v[int((NR+1)/2)]}')"
+echo "== ${MODEL_BASE}: tidegate-engine (--weights ${WEIGHTS}) vs llama.cpp llama-server, ${THREADS} threads, ${NPREDICT}-token requests, ${REPS} alternated reps =="
+echo "   CPU: $(awk -F': ' '/^model name/{print $2; exit}' /proc/cpuinfo); $(grep -m1 '^kernel sets' "${OUT}/bandwidth.txt"); read bandwidth ${READ_GBS} GB/s (median of $(grep -c '^memory bandwidth' "${OUT}/bandwidth.txt"))"
+python3 - "${OUT}" "${FORMATS}" "${REPS}" "${READ_GBS}" "${CHROOT}/models/${MODEL_BASE}" <<'PY'
 import json, os, statistics, sys
 out, formats, reps = sys.argv[1], sys.argv[2].split(), int(sys.argv[3])
+read_bps, base = float(sys.argv[4]) * 1e9, sys.argv[5]
+def bytes_per_token(server, fmt):
+    if server == "llama":
+        return os.path.getsize(f"{base}.{fmt}.gguf")
+    p = os.path.join(out, f"tidegate-{fmt}.models.json")
+    return json.load(open(p))["data"][0]["weight_bytes_per_token"] if os.path.exists(p) else 0
 foreign = []
 def rates(server, fmt):
     by = {}
@@ -133,7 +190,7 @@ def rates(server, fmt):
             if L.get("ok"):
                 by.setdefault(L["concurrency"], []).append(L["agg_tok_s"])
     return by
-print(f"{'format':<6} {'conc':>4} {'llama.cpp tok/s':>22} {'tidegate tok/s':>22} {'ratio':>6}")
+print(f"{'format':<6} {'conc':>4} {'llama.cpp tok/s':>22} {'tidegate tok/s':>22} {'ratio':>6} {'roofline llama/tidegate':>24}")
 for fmt in formats:
     a, b = rates("llama", fmt), rates("tidegate", fmt)
     for c in sorted(set(a) | set(b)):
@@ -141,7 +198,11 @@ for fmt in formats:
         ma = statistics.median(la) if la else float("nan")
         mb = statistics.median(lb) if lb else float("nan")
         rng = lambda l: f"({min(l):.0f}..{max(l):.0f})" if l else ""
-        print(f"{fmt:<6} {c:>4} {ma:>9.1f} {rng(la):>12} {mb:>9.1f} {rng(lb):>12} {mb / ma:>6.2f}")
+        roof = ""
+        if c == 1:
+            ra, rb = (m * bytes_per_token(s, fmt) / read_bps for m, s in ((ma, "llama"), (mb, "tidegate")))
+            roof = f"{ra:.2f} / {rb:.2f}"
+        print(f"{fmt:<6} {c:>4} {ma:>9.1f} {rng(la):>12} {mb:>9.1f} {rng(lb):>12} {mb / ma:>6.2f} {roof:>24}")
 if foreign:
     print(f"foreign load (cores used by other processes) per run: median {statistics.median(foreign):.2f}, max {max(foreign):.2f}")
 PY

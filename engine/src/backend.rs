@@ -259,6 +259,8 @@ pub struct ModelInfo {
     pub weights: String,
     /// Weight bytes read per decoded token (0 when not applicable).
     pub weight_bytes_per_token: u64,
+    /// The kernels that run the weights (`int8 avx512-vnni, f32 avx512`, `candle`, `none`).
+    pub kernels: String,
 }
 
 /// What the server needs from a token generator. Object safe: the server holds an

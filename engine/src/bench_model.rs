@@ -36,6 +36,10 @@ pub struct BenchArgs {
     /// History length for the prefill (recompute) vs block restore comparison; 0 skips it.
     #[arg(long, default_value_t = 1000)]
     pub history: usize,
+    /// Print the measured memory bandwidth (and the kernel sets) only: the roofline's
+    /// denominator for scripts/bench-vs-llamacpp.sh.
+    #[arg(long)]
+    pub bandwidth_only: bool,
 }
 
 /// Measured memory bandwidth, bytes per second.
@@ -241,6 +245,10 @@ pub fn run(args: &BenchArgs) -> Result<()> {
         bw.copy / 1e9,
         rayon::current_num_threads()
     );
+    println!("kernel sets: {}", crate::kernels::describe());
+    if args.bandwidth_only {
+        return Ok(());
+    }
     for fmt in [Served::F32, Served::Q8_0, Served::Q4_1] {
         let (_, gemv_bw) = kernel_throughput(fmt, 1, 49152, 576, 5);
         let (gemm_flops, _) = kernel_throughput(fmt, 32, 1536, 576, 20);

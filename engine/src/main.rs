@@ -9,6 +9,19 @@ use clap::{Parser, Subcommand};
 struct Cli {
     #[command(subcommand)]
     command: Command,
+    /// Highest quantized CPU kernel set to use (avx512-vnni, avx-vnni, avx2, portable); the
+    /// default is the best this CPU has that passes its start-up check. For comparing
+    /// kernels on one machine.
+    #[arg(long, global = true, env = "TIDEGATE_CPU_KERNELS", value_parser = parse_kernels)]
+    cpu_kernels: Option<tidegate_engine::kernels::quant::Isa>,
+}
+
+fn parse_kernels(s: &str) -> Result<tidegate_engine::kernels::quant::Isa, String> {
+    use tidegate_engine::kernels::quant::{Isa, set_cap};
+    let isa = Isa::from_name(s)
+        .ok_or_else(|| "expected one of avx512-vnni, avx-vnni, avx2, portable".to_string())?;
+    set_cap(isa)?;
+    Ok(isa)
 }
 
 #[derive(Subcommand)]
@@ -49,6 +62,7 @@ enum Command {
 }
 
 fn main() -> anyhow::Result<()> {
+    // The cap is set while parsing (`parse_kernels`), before any kernel runs.
     match Cli::parse().command {
         Command::Serve(args) => tidegate_engine::server::cli::run(*args)?,
         Command::Route(args) => tidegate_engine::router::cli::run(*args)?,

@@ -212,6 +212,10 @@ async fn chat_and_completions_non_streaming() {
         .await
         .unwrap();
     assert_eq!(v["data"][0]["id"], "fake");
+    assert_eq!(
+        v["data"][0]["kernels"], "none",
+        "the echo runner multiplies nothing"
+    );
     for path in ["/healthz", "/readyz"] {
         let r = h
             .client

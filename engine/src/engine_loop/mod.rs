@@ -171,6 +171,7 @@ impl LoopEngine {
             context_length: u32::try_from(context).unwrap_or(u32::MAX),
             weights: model.weights.label.clone(),
             weight_bytes_per_token: model.weights.bytes_per_token as u64,
+            kernels: model.weights.kernels.clone(),
             created: SystemTime::now()
                 .duration_since(UNIX_EPOCH)
                 .map(|d| d.as_secs())

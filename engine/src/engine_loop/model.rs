@@ -28,6 +28,8 @@ pub struct ServedWeights {
     pub bytes_per_token: usize,
     /// Weights multiplied per token (two FLOPs each).
     pub weight_count: usize,
+    /// The kernels that multiply them (`int8 avx512-vnni, f32 avx512`, `candle`, `none`).
+    pub kernels: String,
 }
 
 /// What the loop serves.
@@ -65,6 +67,7 @@ impl LoopModel {
                 label: plan.label(),
                 bytes_per_token: plan.bytes_per_token(),
                 weight_count: plan.weight_count(),
+                kernels: crate::kernels::describe(),
             },
             build: Box::new(move |rc| {
                 let runner = PackedRunner::with_weights(&files, rc, weights)?;
@@ -122,6 +125,7 @@ impl LoopModel {
                 label: "none".into(),
                 bytes_per_token: 0,
                 weight_count: 0,
+                kernels: "none".into(),
             },
             build: Box::new(move |rc| {
                 let runner = EchoRunner::new(&echo, rc)?;
@@ -137,5 +141,6 @@ fn candle_weights(dtype: candle_core::DType, count: usize, how: String) -> Serve
         label: format!("{} {how}", dtype.as_str()),
         bytes_per_token: count * dtype.size_in_bytes(),
         weight_count: count,
+        kernels: "candle".into(),
     }
 }

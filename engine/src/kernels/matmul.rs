@@ -29,7 +29,7 @@ impl PackedMatrix {
     /// Repacks a row-major `[n, k]` matrix.
     pub fn pack(w: &[f32], n: usize, k: usize) -> Self {
         debug_assert_eq!(w.len(), n * k);
-        let mut data = vec![0f32; Self::bytes_for(n, k) / 4];
+        let mut data = super::huge_pages::zeroed::<f32>(Self::bytes_for(n, k) / 4);
         for (o, row) in w.chunks_exact(k).enumerate().take(n) {
             let (p, j) = (o / NR, o % NR);
             let base = p * k * NR + j;
@@ -71,7 +71,7 @@ impl PackedMatrix {
     }
 
     fn matmul_with(&self, isa: Isa, x: &[f32], m: usize, y: &mut [f32]) {
-        for_panel_ranges(self.n.div_ceil(NR), m, y, |p0, p1, out| {
+        for_panel_ranges(self.n.div_ceil(NR), 1, m, y, |p0, p1, out| {
             self.run_panels(isa, x, m, p0, p1, out)
         });
     }
@@ -118,6 +118,15 @@ impl PackedMatrix {
 /// Row-major convenience: packs `w: [n, k]` and multiplies (for tests and one-off use).
 pub fn matmul_xwt(x: &[f32], m: usize, w: &[f32], n: usize, k: usize, y: &mut [f32]) {
     PackedMatrix::pack(w, n, k).matmul(x, m, y);
+}
+
+/// The f32 kernel this CPU runs (`avx512`, `avx2` or `portable`).
+pub fn isa_name() -> &'static str {
+    match Isa::detect() {
+        Isa::Avx512 => "avx512",
+        Isa::Avx2 => "avx2",
+        Isa::Portable => "portable",
+    }
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

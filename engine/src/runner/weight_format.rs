@@ -62,7 +62,8 @@ impl Served {
         match self {
             Served::F32 => PackedMatrix::bytes_for(n, k),
             Served::Q8_0 => QuantMatrix::bytes_for(QFormat::Q8, n, k),
-            Served::Q4_0 | Served::Q4_1 => QuantMatrix::bytes_for(QFormat::Q4, n, k),
+            Served::Q4_0 => QuantMatrix::bytes_for(QFormat::Q4Sym, n, k),
+            Served::Q4_1 => QuantMatrix::bytes_for(QFormat::Q4, n, k),
         }
     }
 
@@ -158,7 +159,14 @@ impl Projection {
                 }),
                 fmt,
             ),
-            Served::Q4_0 | Served::Q4_1 => Projection::Quant(
+            Served::Q4_0 => Projection::Quant(
+                QuantMatrix::from_q4_0(n, k, |row, b| {
+                    let (s, r) = locate(row);
+                    s.q4(r, b, k, fmt)
+                }),
+                fmt,
+            ),
+            Served::Q4_1 => Projection::Quant(
                 QuantMatrix::from_q4(n, k, |row, b| {
                     let (s, r) = locate(row);
                     s.q4(r, b, k, fmt)

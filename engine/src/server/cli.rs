@@ -290,6 +290,8 @@ fn load_engine(args: &ServeArgs, metrics: &Arc<Metrics>) -> anyhow::Result<Arc<d
     let mut config = loop_config(args, model_id, kv.blocks);
     config.placement = placement;
     let engine = LoopEngine::start(files, config, Arc::clone(metrics))?;
+    let info = engine.model_info();
+    tracing::info!(weights = %info.weights, kernels = %info.kernels, "weights served");
     Ok(engine)
 }
 

@@ -262,6 +262,7 @@ async fn models(State(app): State<Arc<AppState>>) -> Response {
             "max_model_len": info.context_length,
             "weights": info.weights,
             "weight_bytes_per_token": info.weight_bytes_per_token,
+            "kernels": info.kernels,
         }],
     }))
     .into_response()

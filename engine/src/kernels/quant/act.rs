@@ -35,6 +35,19 @@ impl QuantRows {
             d: vec![0.0; m * nb],
             s: vec![0.0; m * nb],
         };
+        if m <= ROWS_PER_TASK {
+            // One task's worth: handing it to the pool costs more than the work (a GEMV's
+            // single row takes well under a microsecond).
+            for (r, x) in x[..m * k].chunks_exact(k).enumerate() {
+                let (q, d, s) = (
+                    &mut out.q[r * k..][..k],
+                    &mut out.d[r * nb..][..nb],
+                    &mut out.s[r * nb..][..nb],
+                );
+                quantize_row(x, q, d, s);
+            }
+            return out;
+        }
         out.q
             .par_chunks_mut(k)
             .zip(out.d.par_chunks_mut(nb))

@@ -11,16 +11,24 @@
 //! one row (a GEMV that streams the weights once, in file-size bytes) and many (each record
 //! is reused from L1 for every row tile).
 //!
-//! Kernels: AVX2 (+FMA, F16C) and a portable one, picked at run time ([`Isa::detect`]);
-//! both compute the same integer sums, so they differ only in float rounding of the scale
+//! Kernels ([`Isa`]): AVX-512 VNNI (two panels per 512-bit vector), AVX-VNNI (256-bit),
+//! AVX2 (+FMA, F16C) and a portable one. The best the CPU has is picked once per process
+//! ([`Isa::selected`]) after a start-up check against the portable kernel ([`select`]). All
+//! compute the same integer sums, so they differ only in float rounding of the scale
 //! products.
 
 pub mod act;
 pub mod blocks;
 pub mod layout;
 mod portable;
+mod select;
+#[cfg(target_arch = "x86_64")]
+mod vnni;
 #[cfg(target_arch = "x86_64")]
 mod x86;
+
+use select::Panel;
+pub use select::{Isa, SelfCheckError, set_cap};
 
 use super::out_ptr::{OutPtr, for_panel_ranges};
 use act::QuantRows;
@@ -38,8 +46,10 @@ const MR: usize = 4;
 pub enum QFormat {
     /// 8-bit, one scale per block.
     Q8,
-    /// 4-bit, a scale and an offset per block (Q4_1; Q4_0 is the offset `−8·scale`).
+    /// 4-bit, a scale and an offset per block (Q4_1).
     Q4,
+    /// 4-bit, a scale per block and the offset `−8·scale` (Q4_0): the offset is not stored.
+    Q4Sym,
 }
 
 impl QFormat {
@@ -48,7 +58,13 @@ impl QFormat {
         match self {
             QFormat::Q8 => layout::Q8_RECORD,
             QFormat::Q4 => layout::Q4_RECORD,
+            QFormat::Q4Sym => layout::Q4S_RECORD,
         }
+    }
+
+    /// Whether a 4-bit record stores its offsets (Q4_1) rather than implying them (Q4_0).
+    fn offsets(self) -> bool {
+        self != QFormat::Q4Sym
     }
 }
 
@@ -64,7 +80,22 @@ pub struct QuantMatrix {
 impl QuantMatrix {
     /// Packs 4-bit blocks: `block(row, b)` is block `b` of weight row `row` (`k % QK == 0`).
     pub fn from_q4(n: usize, k: usize, block: impl Fn(usize, usize) -> Q4Block + Sync) -> Self {
-        let data = layout::pack(QFormat::Q4, n, k, |rec, p, b| {
+        Self::pack_q4(QFormat::Q4, n, k, block)
+    }
+
+    /// Packs Q4_0 blocks (each offset `−8·d`, as [`Q4Block::from_q4_0`] and
+    /// [`Q4Block::quantize_q4_0`] make them) without their offsets: the file's 18/32 bytes.
+    pub fn from_q4_0(n: usize, k: usize, block: impl Fn(usize, usize) -> Q4Block + Sync) -> Self {
+        Self::pack_q4(QFormat::Q4Sym, n, k, block)
+    }
+
+    fn pack_q4(
+        fmt: QFormat,
+        n: usize,
+        k: usize,
+        block: impl Fn(usize, usize) -> Q4Block + Sync,
+    ) -> Self {
+        let data = layout::pack(fmt, n, k, |rec, p, b| {
             let cols = std::array::from_fn(|c| {
                 let row = p * COLS + c;
                 if row < n {
@@ -73,14 +104,9 @@ impl QuantMatrix {
                     Q4Block::ZERO
                 }
             });
-            layout::write_q4(rec, &cols);
+            layout::write_q4(rec, &cols, fmt.offsets());
         });
-        Self {
-            fmt: QFormat::Q4,
-            n,
-            k,
-            data,
-        }
+        Self { fmt, n, k, data }
     }
 
     /// Packs 8-bit blocks, as [`QuantMatrix::from_q4`].
@@ -139,52 +165,106 @@ impl QuantMatrix {
             return;
         }
         let xq = QuantRows::quantize(x, m, self.k);
-        self.matmul_quantized(Isa::detect(), &xq, m, y);
+        self.matmul_quantized(Isa::selected(), &xq, m, y);
     }
 
-    /// As [`QuantMatrix::matmul`] on already quantized rows, with a given kernel.
-    fn matmul_quantized(&self, isa: Isa, xq: &QuantRows, m: usize, y: &mut [f32]) {
-        for_panel_ranges(self.n.div_ceil(COLS), m, y, |p0, p1, out| {
+    /// As [`QuantMatrix::matmul`] on already quantized rows, with a given kernel (which the
+    /// CPU must have: [`Isa::available`]).
+    pub(crate) fn matmul_quantized(&self, isa: Isa, xq: &QuantRows, m: usize, y: &mut [f32]) {
+        assert!(isa.available(), "{isa:?} kernels on a CPU without them");
+        let align = if isa == Isa::Avx512Vnni { 2 } else { 1 };
+        for_panel_ranges(self.n.div_ceil(COLS), align, m, y, |p0, p1, out| {
             self.run_panels(isa, xq, m, p0, p1, out)
         });
     }
 
-    /// Output columns of panels `p0..p1` for all `m` rows into `out` (`[m, n]`).
+    /// Output columns of panels `p0..p1` for all `m` rows into `out` (`[m, n]`): in pairs
+    /// where the kernel takes two panels, one at a time otherwise.
     fn run_panels(&self, isa: Isa, xq: &QuantRows, m: usize, p0: usize, p1: usize, out: OutPtr) {
-        let (k, nb) = (self.k, self.k / QK);
-        let rec = self.fmt.record_bytes();
-        for p in p0..p1 {
-            let panel = &self.data[p * nb * rec..(p + 1) * nb * rec];
-            let cols = COLS.min(self.n - p * COLS);
-            let mut r0 = 0;
-            while r0 < m {
-                let rows = MR.min(m - r0);
-                let view = RowsView {
-                    q: &xq.q[r0 * k..(r0 + rows) * k],
-                    d: &xq.d[r0 * nb..(r0 + rows) * nb],
-                    s: &xq.s[r0 * nb..(r0 + rows) * nb],
-                    k,
-                    rows,
-                };
-                let mut tile = [[0f32; COLS]; MR];
-                match (isa, self.fmt) {
-                    #[cfg(target_arch = "x86_64")]
-                    (Isa::Avx2, QFormat::Q4) => x86::q4_tile(panel, &view, &mut tile),
-                    #[cfg(target_arch = "x86_64")]
-                    (Isa::Avx2, QFormat::Q8) => x86::q8_tile(panel, &view, &mut tile),
-                    (_, QFormat::Q4) => portable::q4_tile(panel, &view, &mut tile),
-                    (_, QFormat::Q8) => portable::q8_tile(panel, &view, &mut tile),
+        let mut p = p0;
+        while p < p1 {
+            #[cfg(target_arch = "x86_64")]
+            if isa == Isa::Avx512Vnni && m > 1 && p + 1 < p1 {
+                self.run_pair(xq, m, p, out);
+                p += 2;
+                continue;
+            }
+            self.run_panel(isa.one_panel(), xq, m, p, out);
+            p += 1;
+        }
+    }
+
+    /// Panel `p`'s bytes.
+    fn panel(&self, p: usize) -> &[u8] {
+        let len = (self.k / QK) * self.fmt.record_bytes();
+        &self.data[p * len..(p + 1) * len]
+    }
+
+    /// Output columns of panel `p` for all `m` rows, with a one-panel kernel.
+    fn run_panel(&self, kernel: Panel, xq: &QuantRows, m: usize, p: usize, out: OutPtr) {
+        let panel = self.panel(p);
+        let cols = COLS.min(self.n - p * COLS);
+        for (r0, view) in RowsView::tiles(xq, m, MR) {
+            let mut tile = [[0f32; COLS]; MR];
+            match (kernel, self.fmt) {
+                #[cfg(target_arch = "x86_64")]
+                (Panel::Vnni256 { evex }, QFormat::Q4 | QFormat::Q4Sym) => {
+                    vnni::q4_tile(panel, &view, &mut tile, self.fmt.offsets(), evex)
                 }
-                for (r, t) in tile.iter().enumerate().take(rows) {
-                    out.write((r0 + r) * self.n + p * COLS, &t[..cols]);
+                #[cfg(target_arch = "x86_64")]
+                (Panel::Vnni256 { evex }, QFormat::Q8) => {
+                    vnni::q8_tile(panel, &view, &mut tile, evex)
                 }
-                r0 += rows;
+                #[cfg(target_arch = "x86_64")]
+                (Panel::Avx2, QFormat::Q4 | QFormat::Q4Sym) => {
+                    x86::q4_tile(panel, &view, &mut tile, self.fmt.offsets())
+                }
+                #[cfg(target_arch = "x86_64")]
+                (Panel::Avx2, QFormat::Q8) => x86::q8_tile(panel, &view, &mut tile),
+                (_, QFormat::Q4 | QFormat::Q4Sym) => {
+                    portable::q4_tile(panel, &view, &mut tile, self.fmt.offsets())
+                }
+                (_, QFormat::Q8) => portable::q8_tile(panel, &view, &mut tile),
+            }
+            for (r, t) in tile.iter().enumerate().take(view.rows) {
+                out.write((r0 + r) * self.n + p * COLS, &t[..cols]);
+            }
+        }
+    }
+
+    /// `y = x · wᵀ` with one given one-panel kernel for every panel (the differential tests
+    /// reach each encoding this way, whichever the CPU would pick).
+    #[cfg(test)]
+    fn matmul_one_panel(&self, kernel: Panel, xq: &QuantRows, m: usize, y: &mut [f32]) {
+        let out = OutPtr::new(y);
+        for p in 0..self.n.div_ceil(COLS) {
+            self.run_panel(kernel, xq, m, p, out);
+        }
+    }
+
+    /// Output columns of panels `p` and `p + 1` (both present) for all `m` rows, with the
+    /// AVX-512 VNNI pair kernel.
+    #[cfg(target_arch = "x86_64")]
+    fn run_pair(&self, xq: &QuantRows, m: usize, p: usize, out: OutPtr) {
+        let (a, b) = (self.panel(p), self.panel(p + 1));
+        let cols = vnni::PAIR.min(self.n - p * COLS);
+        for (r0, view) in RowsView::tiles(xq, m, vnni::PAIR_MR) {
+            let mut tile = [[0f32; vnni::PAIR]; vnni::PAIR_MR];
+            match self.fmt {
+                QFormat::Q4 | QFormat::Q4Sym => {
+                    vnni::q4_pair(a, b, &view, &mut tile, self.fmt.offsets())
+                }
+                QFormat::Q8 => vnni::q8_pair(a, b, &view, &mut tile),
+            }
+            for (r, t) in tile.iter().enumerate().take(view.rows) {
+                out.write((r0 + r) * self.n + p * COLS, &t[..cols]);
             }
         }
     }
 }
 
-/// Up to [`MR`] quantized activation rows, as a kernel reads them.
+/// A tile of quantized activation rows (up to [`MR`], or the pair kernels' `PAIR_MR`), as a
+/// kernel reads them.
 pub(crate) struct RowsView<'a> {
     /// `rows·k` quants.
     pub q: &'a [i8],
@@ -194,29 +274,29 @@ pub(crate) struct RowsView<'a> {
     pub s: &'a [f32],
     /// Values per row.
     pub k: usize,
-    /// Rows (1..=MR).
+    /// Rows (1 up to the kernel's tile height).
     pub rows: usize,
 }
 
-/// Kernel family, detected once per call (the check is a cached atomic load).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum Isa {
-    Avx2,
-    Portable,
-}
-
-impl Isa {
-    fn detect() -> Isa {
-        #[cfg(target_arch = "x86_64")]
-        {
-            if std::arch::is_x86_feature_detected!("avx2")
-                && std::arch::is_x86_feature_detected!("fma")
-                && std::arch::is_x86_feature_detected!("f16c")
-            {
-                return Isa::Avx2;
-            }
-        }
-        Isa::Portable
+impl<'a> RowsView<'a> {
+    /// The row tiles of `m` quantized rows: `(first row, view)` for up to `per_tile` rows each.
+    fn tiles(
+        xq: &'a QuantRows,
+        m: usize,
+        per_tile: usize,
+    ) -> impl Iterator<Item = (usize, RowsView<'a>)> {
+        let (k, nb) = (xq.k, xq.k / QK);
+        (0..m).step_by(per_tile).map(move |r0| {
+            let rows = per_tile.min(m - r0);
+            let view = RowsView {
+                q: &xq.q[r0 * k..(r0 + rows) * k],
+                d: &xq.d[r0 * nb..(r0 + rows) * nb],
+                s: &xq.s[r0 * nb..(r0 + rows) * nb],
+                k,
+                rows,
+            };
+            (r0, view)
+        })
     }
 }
 

@@ -15,7 +15,7 @@
 
 use std::arch::x86_64::*;
 
-use super::layout::{Q4_QUANTS, Q4_RECORD, Q8_QUANTS, Q8_RECORD};
+use super::layout::{Q4_QUANTS, Q4_RECORD, Q4S_QUANTS, Q4S_RECORD, Q8_QUANTS, Q8_RECORD};
 use super::{COLS, MR, QK, RowsView};
 
 fn check(panel: &[u8], record: usize, x: &RowsView<'_>) {
@@ -25,16 +25,21 @@ fn check(panel: &[u8], record: usize, x: &RowsView<'_>) {
     assert!(x.q.len() >= x.rows * x.k && x.d.len() >= x.rows * nb && x.s.len() >= x.rows * nb);
 }
 
-/// 4-bit panel × up to [`MR`] rows (see [`super::portable::q4_tile`] for the formula).
-pub(super) fn q4_tile(panel: &[u8], x: &RowsView<'_>, tile: &mut [[f32; COLS]; MR]) {
-    check(panel, Q4_RECORD, x);
+/// 4-bit panel × up to [`MR`] rows, records with `offsets` (Q4_1) or without (Q4_0); see
+/// [`super::portable::q4_tile`] for the formula.
+pub(super) fn q4_tile(panel: &[u8], x: &RowsView<'_>, tile: &mut [[f32; COLS]; MR], offsets: bool) {
+    check(panel, if offsets { Q4_RECORD } else { Q4S_RECORD }, x);
     // SAFETY: features detected by the caller; lengths asserted by `check`.
     unsafe {
-        match x.rows {
-            4 => q4::<4>(panel, x, tile),
-            3 => q4::<3>(panel, x, tile),
-            2 => q4::<2>(panel, x, tile),
-            _ => q4::<1>(panel, x, tile),
+        match (x.rows, offsets) {
+            (4, true) => q4::<4, true>(panel, x, tile),
+            (3, true) => q4::<3, true>(panel, x, tile),
+            (2, true) => q4::<2, true>(panel, x, tile),
+            (_, true) => q4::<1, true>(panel, x, tile),
+            (4, false) => q4::<4, false>(panel, x, tile),
+            (3, false) => q4::<3, false>(panel, x, tile),
+            (2, false) => q4::<2, false>(panel, x, tile),
+            (_, false) => q4::<1, false>(panel, x, tile),
         }
     }
 }
@@ -61,7 +66,16 @@ unsafe fn group(a: *const i8) -> __m256i {
 }
 
 #[target_feature(enable = "avx2,fma,f16c")]
-fn q4<const R: usize>(panel: &[u8], x: &RowsView<'_>, tile: &mut [[f32; COLS]; MR]) {
+fn q4<const R: usize, const OFS: bool>(
+    panel: &[u8],
+    x: &RowsView<'_>,
+    tile: &mut [[f32; COLS]; MR],
+) {
+    let (record, quants) = if OFS {
+        (Q4_RECORD, Q4_QUANTS)
+    } else {
+        (Q4S_RECORD, Q4S_QUANTS)
+    };
     let nb = x.k / QK;
     // SAFETY: R ≤ rows rows of k quants and nb scales, nb records in panel (asserted by the
     // wrapper); every offset below stays inside those.
@@ -73,10 +87,14 @@ fn q4<const R: usize>(panel: &[u8], x: &RowsView<'_>, tile: &mut [[f32; COLS]; M
         let mut rec = panel.as_ptr();
         for b in 0..nb {
             let d = _mm256_cvtph_ps(_mm_loadu_si128(rec as *const __m128i));
-            let m = _mm256_cvtph_ps(_mm_loadu_si128(rec.add(2 * COLS) as *const __m128i));
+            let m = if OFS {
+                _mm256_cvtph_ps(_mm_loadu_si128(rec.add(2 * COLS) as *const __m128i))
+            } else {
+                _mm256_mul_ps(d, _mm256_set1_ps(-8.0))
+            };
             let mut w = [_mm256_setzero_si256(); 8];
             for j in 0..4 {
-                let v = _mm256_loadu_si256(rec.add(Q4_QUANTS + 32 * j) as *const __m256i);
+                let v = _mm256_loadu_si256(rec.add(quants + 32 * j) as *const __m256i);
                 w[j] = _mm256_and_si256(v, mask);
                 w[j + 4] = _mm256_and_si256(_mm256_srli_epi16::<4>(v), mask);
             }
@@ -92,7 +110,7 @@ fn q4<const R: usize>(panel: &[u8], x: &RowsView<'_>, tile: &mut [[f32; COLS]; M
                 acc[r] = _mm256_fmadd_ps(si, _mm256_mul_ps(d, da), acc[r]);
                 acc[r] = _mm256_fmadd_ps(m, sa, acc[r]);
             }
-            rec = rec.add(Q4_RECORD);
+            rec = rec.add(record);
         }
         for r in 0..R {
             _mm256_storeu_ps(tile[r].as_mut_ptr(), acc[r]);
