@@ -185,46 +185,54 @@ fn choose(cap: Option<Isa>) -> Isa {
     Isa::Portable
 }
 
-/// Runs `isa` against the portable kernel on every format, on a shape with panel pairs, a
-/// lone panel, a partial panel and a partial row tile.
+/// Runs `isa` against the portable kernel on every format, for one row (the GEMV of a
+/// decode step, one-panel kernels) and for five (a batch: the pair kernels, a lone last
+/// panel, a partial panel and a partial row tile).
 pub fn self_check(isa: Isa) -> Result<(), SelfCheckError> {
     if isa == Isa::Portable {
         return Ok(());
     }
-    let (m, n, k) = (5, 44, 96);
+    let (n, k) = (36, 96);
     let val =
         |i: usize, mul: usize, md: usize| ((i * mul % md) as f32 - (md / 2) as f32) / md as f32;
-    let x: Vec<f32> = (0..m * k).map(|i| val(i, 7, 13)).collect();
     let w: Vec<f32> = (0..n * k).map(|i| val(i, 5, 11)).collect();
-    let xq = QuantRows::quantize(&x, m, k);
     let row = |o: usize, b: usize| &w[o * k + b * QK..o * k + (b + 1) * QK];
     let matrices = [
         QuantMatrix::from_q8(n, k, |o, b| Q8Block::quantize(row(o, b))),
         QuantMatrix::from_q4(n, k, |o, b| Q4Block::quantize_q4_1(row(o, b))),
         QuantMatrix::from_q4_0(n, k, |o, b| Q4Block::quantize_q4_0(row(o, b))),
     ];
-    for mat in &matrices {
-        let (mut got, mut want) = (vec![0f32; m * n], vec![0f32; m * n]);
-        mat.matmul_quantized(isa, &xq, m, &mut got);
-        mat.matmul_quantized(Isa::Portable, &xq, m, &mut want);
-        let bad = got
-            .iter()
-            .zip(&want)
-            // NaN counts as a mismatch.
-            .position(|(g, w)| (g - w).abs().is_nan() || (g - w).abs() > 1e-4 * (1.0 + w.abs()));
-        if let Some(at) = bad {
-            let (fmt, got, want) = (mat.format(), got[at], want[at]);
-            return Err(SelfCheckError {
-                isa,
-                fmt,
-                m,
-                n,
-                k,
-                at,
-                got,
-                want,
-            });
+    for m in [1, 5] {
+        let x: Vec<f32> = (0..m * k).map(|i| val(i, 7, 13)).collect();
+        let xq = QuantRows::quantize(&x, m, k);
+        for mat in &matrices {
+            compare(isa, mat, &xq, m)?;
         }
     }
     Ok(())
+}
+
+/// `isa` against the portable kernel on one matrix and `m` quantized rows.
+fn compare(isa: Isa, mat: &QuantMatrix, xq: &QuantRows, m: usize) -> Result<(), SelfCheckError> {
+    let (mut got, mut want) = (vec![0f32; m * mat.n()], vec![0f32; m * mat.n()]);
+    mat.matmul_quantized(isa, xq, m, &mut got);
+    mat.matmul_quantized(Isa::Portable, xq, m, &mut want);
+    // NaN counts as a mismatch.
+    let bad = got
+        .iter()
+        .zip(&want)
+        .position(|(g, w)| (g - w).abs().is_nan() || (g - w).abs() > 1e-4 * (1.0 + w.abs()));
+    match bad {
+        None => Ok(()),
+        Some(at) => Err(SelfCheckError {
+            isa,
+            fmt: mat.format(),
+            m,
+            n: mat.n(),
+            k: mat.k(),
+            at,
+            got: got[at],
+            want: want[at],
+        }),
+    }
 }
