@@ -25,6 +25,14 @@ pub const Q4_QUANTS: usize = 4 * COLS;
 pub const Q4S_RECORD: usize = 2 * COLS + COLS * QK / 2;
 /// Where the quants start in a 4-bit record without offsets.
 pub const Q4S_QUANTS: usize = 2 * COLS;
+/// A 4-bit record's size and where its quants start, with offsets (Q4_1) or without (Q4_0).
+pub const fn q4_record(offsets: bool) -> (usize, usize) {
+    if offsets {
+        (Q4_RECORD, Q4_QUANTS)
+    } else {
+        (Q4S_RECORD, Q4S_QUANTS)
+    }
+}
 /// Where the quants start in an 8-bit record.
 pub const Q8_QUANTS: usize = 2 * COLS;
 
@@ -59,7 +67,7 @@ fn source(g: usize, i: usize) -> (usize, usize) {
 /// Writes the 4-bit record of 8 rows' blocks, with their offsets (`Q4_RECORD`) or without
 /// (`Q4S_RECORD`, where every block's offset must be `−8·d`).
 pub fn write_q4(rec: &mut [u8], cols: &[Q4Block; COLS], offsets: bool) {
-    let quants = if offsets { Q4_QUANTS } else { Q4S_QUANTS };
+    let quants = q4_record(offsets).1;
     for (c, b) in cols.iter().enumerate() {
         rec[2 * c..2 * c + 2].copy_from_slice(&b.d.to_le_bytes());
         if offsets {

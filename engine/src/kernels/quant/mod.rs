@@ -17,6 +17,27 @@
 //! compute the same integer sums, so they differ only in float rounding of the scale
 //! products.
 
+/// In the SIMD kernels' safe wrappers: calls `$f::<R>` (or `$f::<R, OFS>` for the 4-bit
+/// kernels, `{ofs}`) for the tile's row count `R`, one of the listed ones (the first for
+/// anything else).
+#[cfg(target_arch = "x86_64")]
+macro_rules! by_rows {
+    ([$first:literal $(, $n:literal)*], $rows:expr, $f:ident, $args:tt) => {
+        match $rows {
+            $($n => $f::<$n> $args,)*
+            _ => $f::<$first> $args,
+        }
+    };
+    ([$first:literal $(, $n:literal)*], $rows:expr, $f:ident {$ofs:expr}, $args:tt) => {
+        match ($rows, $ofs) {
+            $(($n, true) => $f::<$n, true> $args,)*
+            $(($n, false) => $f::<$n, false> $args,)*
+            (_, true) => $f::<$first, true> $args,
+            (_, false) => $f::<$first, false> $args,
+        }
+    };
+}
+
 pub mod act;
 pub mod blocks;
 pub mod layout;
@@ -172,7 +193,7 @@ impl QuantMatrix {
     /// CPU must have: [`Isa::available`]).
     pub(crate) fn matmul_quantized(&self, isa: Isa, xq: &QuantRows, m: usize, y: &mut [f32]) {
         assert!(isa.available(), "{isa:?} kernels on a CPU without them");
-        let align = if isa == Isa::Avx512Vnni { 2 } else { 1 };
+        let align = if pairs(isa, m) { 2 } else { 1 };
         for_panel_ranges(self.n.div_ceil(COLS), align, m, y, |p0, p1, out| {
             self.run_panels(isa, xq, m, p0, p1, out)
         });
@@ -184,7 +205,7 @@ impl QuantMatrix {
         let mut p = p0;
         while p < p1 {
             #[cfg(target_arch = "x86_64")]
-            if isa == Isa::Avx512Vnni && m > 1 && p + 1 < p1 {
+            if pairs(isa, m) && p + 1 < p1 {
                 self.run_pair(xq, m, p, out);
                 p += 2;
                 continue;
@@ -278,7 +299,26 @@ pub(crate) struct RowsView<'a> {
     pub rows: usize,
 }
 
+/// Whether `isa` runs `m` rows on panel pairs: the AVX-512 VNNI pair kernel serves batches;
+/// one row (a GEMV reads each weight once, nothing to share) goes one panel at a time.
+fn pairs(isa: Isa, m: usize) -> bool {
+    isa == Isa::Avx512Vnni && m > 1
+}
+
 impl<'a> RowsView<'a> {
+    /// Asserts what the SIMD kernels' pointer arithmetic relies on: 1 to `max_rows` rows of
+    /// `k` quants and `k / QK` scales, and at least `k / QK` records of `record` bytes in
+    /// every panel.
+    #[cfg(target_arch = "x86_64")]
+    fn check(&self, panels: &[&[u8]], record: usize, max_rows: usize) {
+        let (rows, nb) = (self.rows, self.k / QK);
+        assert!((1..=max_rows).contains(&rows) && self.k.is_multiple_of(QK));
+        assert!(panels.iter().all(|p| p.len() >= nb * record));
+        assert!(
+            self.q.len() >= rows * self.k && self.d.len() >= rows * nb && self.s.len() >= rows * nb
+        );
+    }
+
     /// The row tiles of `m` quantized rows: `(first row, view)` for up to `per_tile` rows each.
     fn tiles(
         xq: &'a QuantRows,

@@ -4,18 +4,14 @@
 
 use half::f16;
 
-use super::layout::{self, Q4_QUANTS, Q4_RECORD, Q4S_QUANTS, Q4S_RECORD, Q8_RECORD};
+use super::layout::{self, Q8_RECORD, q4_record};
 use super::{COLS, MR, QK, RowsView};
 
 /// `tile[r][c] = Σ_b d[c]·da[r,b]·Σ_t q[c,t]·qa[r,t] + m[c]·sa[r,b]` over a panel; `m` is
 /// read from the record when it has `offsets`, else it is `−8·d` (Q4_0).
 pub(super) fn q4_tile(panel: &[u8], x: &RowsView<'_>, tile: &mut [[f32; COLS]; MR], offsets: bool) {
     let nb = x.k / QK;
-    let (record, quants) = if offsets {
-        (Q4_RECORD, Q4_QUANTS)
-    } else {
-        (Q4S_RECORD, Q4S_QUANTS)
-    };
+    let (record, quants) = q4_record(offsets);
     for (b, rec) in panel.chunks_exact(record).enumerate().take(nb) {
         for (r, out) in tile.iter_mut().enumerate().take(x.rows) {
             let qa = &x.q[r * x.k + b * QK..r * x.k + (b + 1) * QK];

@@ -26,7 +26,8 @@
 
 use std::arch::x86_64::*;
 
-use super::layout::{Q4_QUANTS, Q4_RECORD, Q4S_QUANTS, Q4S_RECORD, Q8_QUANTS, Q8_RECORD};
+use super::layout::{Q8_QUANTS, Q8_RECORD, q4_record};
+use super::x86::group as group256;
 use super::{COLS, MR, QK, RowsView};
 
 /// Output rows of a panel pair.
@@ -35,41 +36,6 @@ pub(super) const PAIR: usize = 2 * COLS;
 /// work (loads, nibble splits, the 8-bit offset sums) is shared by every row of the tile and
 /// 32 vector registers hold 8 rows' accumulators beside the 8 weight vectors.
 pub(super) const PAIR_MR: usize = 2 * MR;
-
-fn check(panels: &[&[u8]], record: usize, x: &RowsView<'_>, max_rows: usize) {
-    let nb = x.k / QK;
-    assert!((1..=max_rows).contains(&x.rows) && x.k.is_multiple_of(QK));
-    assert!(panels.iter().all(|p| p.len() >= nb * record));
-    assert!(x.q.len() >= x.rows * x.k && x.d.len() >= x.rows * nb && x.s.len() >= x.rows * nb);
-}
-
-/// Calls `$f::<R>` (or `$f::<R, OFS>` for the 4-bit kernels, `{ofs}`) for the tile's row
-/// count `R`, one of the listed ones (the first for anything else).
-macro_rules! by_rows {
-    ([$first:literal $(, $n:literal)*], $rows:expr, $f:ident, $args:tt) => {
-        match $rows {
-            $($n => $f::<$n> $args,)*
-            _ => $f::<$first> $args,
-        }
-    };
-    ([$first:literal $(, $n:literal)*], $rows:expr, $f:ident {$ofs:expr}, $args:tt) => {
-        match ($rows, $ofs) {
-            $(($n, true) => $f::<$n, true> $args,)*
-            $(($n, false) => $f::<$n, false> $args,)*
-            (_, true) => $f::<$first, true> $args,
-            (_, false) => $f::<$first, false> $args,
-        }
-    };
-}
-
-/// A 4-bit record's size and where its quants start, with offsets (Q4_1) or without (Q4_0).
-const fn q4_record(offsets: bool) -> (usize, usize) {
-    if offsets {
-        (Q4_RECORD, Q4_QUANTS)
-    } else {
-        (Q4S_RECORD, Q4S_QUANTS)
-    }
-}
 
 /// 4-bit panels `a` and `b` (outputs `0..8` and `8..16`) × up to [`PAIR_MR`] rows, records with
 /// `offsets` (Q4_1) or without (Q4_0, offset `−8·d`).
@@ -80,7 +46,7 @@ pub(super) fn q4_pair(
     tile: &mut [[f32; PAIR]; PAIR_MR],
     offsets: bool,
 ) {
-    check(&[a, b], q4_record(offsets).0, x, PAIR_MR);
+    x.check(&[a, b], q4_record(offsets).0, PAIR_MR);
     // SAFETY: features detected by the caller; lengths asserted by `check`.
     unsafe {
         by_rows!(
@@ -94,7 +60,7 @@ pub(super) fn q4_pair(
 
 /// 8-bit panels `a` and `b` × up to [`PAIR_MR`] rows.
 pub(super) fn q8_pair(a: &[u8], b: &[u8], x: &RowsView<'_>, tile: &mut [[f32; PAIR]; PAIR_MR]) {
-    check(&[a, b], Q8_RECORD, x, PAIR_MR);
+    x.check(&[a, b], Q8_RECORD, PAIR_MR);
     // SAFETY: as in q4_pair.
     unsafe { by_rows!([1, 2, 3, 4, 5, 6, 7, 8], x.rows, q8x2, (a, b, x, tile)) }
 }
@@ -108,7 +74,7 @@ pub(super) fn q4_tile(
     offsets: bool,
     evex: bool,
 ) {
-    check(&[panel], q4_record(offsets).0, x, MR);
+    x.check(&[panel], q4_record(offsets).0, MR);
     // SAFETY: as in q4_pair (the caller detected the encoding's features).
     unsafe {
         if evex {
@@ -126,7 +92,7 @@ pub(super) fn q4_tile(
 
 /// 8-bit panel × up to [`MR`] rows, 256-bit VNNI, as [`q4_tile`].
 pub(super) fn q8_tile(panel: &[u8], x: &RowsView<'_>, tile: &mut [[f32; COLS]; MR], evex: bool) {
-    check(&[panel], Q8_RECORD, x, MR);
+    x.check(&[panel], Q8_RECORD, MR);
     // SAFETY: as in q4_tile.
     unsafe {
         if evex {
@@ -142,12 +108,6 @@ pub(super) fn q8_tile(panel: &[u8], x: &RowsView<'_>, tile: &mut [[f32; COLS]; M
 unsafe fn group512(a: *const i8) -> __m512i {
     // SAFETY: the caller passes a pointer with 4 readable bytes.
     unsafe { _mm512_set1_epi32((a as *const i32).read_unaligned()) }
-}
-
-#[inline(always)]
-unsafe fn group256(a: *const i8) -> __m256i {
-    // SAFETY: as in group512.
-    unsafe { _mm256_set1_epi32((a as *const i32).read_unaligned()) }
 }
 
 /// Bytes `at..at + 32` of records `a` and `b`, as the low and high halves of one vector.

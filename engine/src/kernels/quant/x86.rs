@@ -15,52 +15,27 @@
 
 use std::arch::x86_64::*;
 
-use super::layout::{Q4_QUANTS, Q4_RECORD, Q4S_QUANTS, Q4S_RECORD, Q8_QUANTS, Q8_RECORD};
+use super::layout::{Q8_QUANTS, Q8_RECORD, q4_record};
 use super::{COLS, MR, QK, RowsView};
-
-fn check(panel: &[u8], record: usize, x: &RowsView<'_>) {
-    let nb = x.k / QK;
-    assert!((1..=MR).contains(&x.rows) && x.k.is_multiple_of(QK));
-    assert!(panel.len() >= nb * record);
-    assert!(x.q.len() >= x.rows * x.k && x.d.len() >= x.rows * nb && x.s.len() >= x.rows * nb);
-}
 
 /// 4-bit panel × up to [`MR`] rows, records with `offsets` (Q4_1) or without (Q4_0); see
 /// [`super::portable::q4_tile`] for the formula.
 pub(super) fn q4_tile(panel: &[u8], x: &RowsView<'_>, tile: &mut [[f32; COLS]; MR], offsets: bool) {
-    check(panel, if offsets { Q4_RECORD } else { Q4S_RECORD }, x);
+    x.check(&[panel], q4_record(offsets).0, MR);
     // SAFETY: features detected by the caller; lengths asserted by `check`.
-    unsafe {
-        match (x.rows, offsets) {
-            (4, true) => q4::<4, true>(panel, x, tile),
-            (3, true) => q4::<3, true>(panel, x, tile),
-            (2, true) => q4::<2, true>(panel, x, tile),
-            (_, true) => q4::<1, true>(panel, x, tile),
-            (4, false) => q4::<4, false>(panel, x, tile),
-            (3, false) => q4::<3, false>(panel, x, tile),
-            (2, false) => q4::<2, false>(panel, x, tile),
-            (_, false) => q4::<1, false>(panel, x, tile),
-        }
-    }
+    unsafe { by_rows!([1, 2, 3, 4], x.rows, q4 { offsets }, (panel, x, tile)) }
 }
 
 /// 8-bit panel × up to [`MR`] rows.
 pub(super) fn q8_tile(panel: &[u8], x: &RowsView<'_>, tile: &mut [[f32; COLS]; MR]) {
-    check(panel, Q8_RECORD, x);
+    x.check(&[panel], Q8_RECORD, MR);
     // SAFETY: as in q4_tile.
-    unsafe {
-        match x.rows {
-            4 => q8::<4>(panel, x, tile),
-            3 => q8::<3>(panel, x, tile),
-            2 => q8::<2>(panel, x, tile),
-            _ => q8::<1>(panel, x, tile),
-        }
-    }
+    unsafe { by_rows!([1, 2, 3, 4], x.rows, q8, (panel, x, tile)) }
 }
 
 /// Sets all 8 lanes to the 4 activation bytes at `a` (one group of one row).
 #[inline(always)]
-unsafe fn group(a: *const i8) -> __m256i {
+pub(super) unsafe fn group(a: *const i8) -> __m256i {
     // SAFETY: the caller passes a pointer with 4 readable bytes.
     unsafe { _mm256_set1_epi32((a as *const i32).read_unaligned()) }
 }
@@ -71,11 +46,7 @@ fn q4<const R: usize, const OFS: bool>(
     x: &RowsView<'_>,
     tile: &mut [[f32; COLS]; MR],
 ) {
-    let (record, quants) = if OFS {
-        (Q4_RECORD, Q4_QUANTS)
-    } else {
-        (Q4S_RECORD, Q4S_QUANTS)
-    };
+    let (record, quants) = q4_record(OFS);
     let nb = x.k / QK;
     // SAFETY: R ≤ rows rows of k quants and nb scales, nb records in panel (asserted by the
     // wrapper); every offset below stays inside those.
