@@ -1,18 +1,57 @@
-//! The `simulate` subcommand: runs every policy on the chosen traces and prints the
+//! The `simulate` subcommand: runs every policy on the chosen built-in traces, or on a trace
+//! file through the user's own pool (`-f POOL.yaml --trace-file ARRIVALS`), and prints the
 //! comparison tables (or JSON).
 //!
-//! Invariant: output depends only on the arguments (seeded), never on the machine, except
-//! for the wall-clock figures.
+//! Invariant: output depends only on the arguments and the files given (seeded), never on
+//! the machine, except for the wall-clock figures.
 
+use std::path::PathBuf;
 use std::time::Instant;
 
+use super::replay::{ReplayArgs, replay, words};
 use super::{SimConfig, Trace, TraceKind, TraceReport, legend, run_trace, steady_state, table};
 
+/// Built-in traces: `simulate [--trace steady|tidal|flash|ramp|all]`. Your own pool and
+/// traffic: `simulate -f POOL.yaml [-f TIERS.yaml] --trace-file ARRIVALS.jsonl` replays
+/// every line of the file (JSON Lines or CSV: t, tenant, tier, prompt_tokens,
+/// output_tokens[, session]) through the pool's own spec (replicas, SLO, scaling, admission,
+/// engine batch and queue) and tiers, under tidegate, HPA, KEDA, the oracles and a static pool.
 #[derive(Debug, clap::Args)]
+#[command(after_help = "\
+Trace files: one arrival per line, in time order.
+  JSON Lines: {\"t\": 12.5, \"tenant\": \"acme\", \"tier\": \"standard\", \"prompt_tokens\": 800, \"output_tokens\": 200, \"session\": \"s1\"}
+  CSV (.csv): a header naming the same columns, then one row per arrival.
+  t is seconds from the start; session is optional (a later request of the session reuses its KV
+  within the tier's idle TTL); blank lines and # comments are skipped. Tiers must be the pool's
+  (its TierPolicy given with -f; without tierPolicyRef, the one tier \"default\").
+Example: simulate -f examples/traces/llmd-pool.yaml --trace-file examples/traces/llmd-ramp.csv --startup-seconds 100")]
 pub struct Args {
-    /// Which trace: steady, tidal, flash, ramp or all.
-    #[arg(long, default_value = "all")]
-    pub trace: String,
+    /// Built-in trace: steady, tidal, flash, ramp or all (default all; not with --trace-file).
+    #[arg(long)]
+    pub trace: Option<String>,
+    /// An InferencePool manifest, and optionally a TierPolicy one (repeat -f, or several
+    /// documents in one file), for --trace-file.
+    #[arg(short = 'f', long = "filename", value_name = "FILE")]
+    pub filenames: Vec<PathBuf>,
+    /// Replay this trace file (JSON Lines, or CSV by its .csv extension) through the -f pool.
+    #[arg(long, value_name = "ARRIVALS")]
+    pub trace_file: Option<PathBuf>,
+    /// The pods' step-time line for --trace-file: an InferencePool status holding
+    /// status.podModel (kubectl get tgpool NAME -o yaml), or `tidegate-engine bench --json`
+    /// output. Default: the built-in 20 ms + 1.875 ms × batch.
+    #[arg(long, value_name = "FILE")]
+    pub pod_model: Option<PathBuf>,
+    /// Seconds from ordering a pod to its being ready: MIN or MIN-MAX (uniform). Default
+    /// 120-420.
+    #[arg(long, value_name = "MIN[-MAX]")]
+    pub startup_seconds: Option<String>,
+    /// Replicas of the static pool compared with --trace-file (default: the pool's max).
+    #[arg(long, value_name = "N")]
+    pub static_replicas: Option<i32>,
+    /// With --trace-file: every tenant in the file counts as admitted just before the start
+    /// (an existing tenant); without it, a tenant is new until its first request is admitted.
+    #[arg(long)]
+    pub known_tenants: bool,
     /// Random seed.
     #[arg(long, default_value_t = 1)]
     pub seed: u64,
@@ -43,12 +82,40 @@ pub struct Args {
 }
 
 pub fn simulate(args: &Args) -> anyhow::Result<()> {
-    let kinds = TraceKind::parse(&args.trace).ok_or_else(|| {
-        anyhow::anyhow!(
-            "unknown trace {:?}: expected steady, tidal, flash, ramp or all",
-            args.trace
-        )
+    check_ranges(args)?;
+    let startup = startup_seconds(args.startup_seconds.as_deref())?;
+    if let Some(trace_file) = &args.trace_file {
+        return simulate_file(args, trace_file, startup);
+    }
+    if !args.filenames.is_empty() {
+        anyhow::bail!("-f gives the pool a --trace-file is replayed through; add --trace-file");
+    }
+    for (set, what) in [
+        (args.pod_model.is_some(), "--pod-model"),
+        (args.static_replicas.is_some(), "--static-replicas"),
+        (args.known_tenants, "--known-tenants"),
+    ] {
+        if set {
+            anyhow::bail!("{what} applies to --trace-file runs only");
+        }
+    }
+    let trace = args.trace.as_deref().unwrap_or("all");
+    let kinds = TraceKind::parse(trace).ok_or_else(|| {
+        anyhow::anyhow!("unknown trace {trace:?}: expected steady, tidal, flash, ramp or all")
     })?;
+    let mut cfg = SimConfig::new(args.seed, args.scale);
+    cfg.baselines.oracle_occupancy = args.oracle_occupancy;
+    cfg.target_utilization = args.target_utilization;
+    cfg.pause_while_scaling = args.pause_while_scaling;
+    cfg.baselines.hpa_target_utilization = args.hpa_target_utilization;
+    if let Some((lo, hi)) = startup {
+        cfg.startup_min_s = lo;
+        cfg.startup_max_s = hi;
+    }
+    run_builtin(args, &kinds, &cfg)
+}
+
+fn check_ranges(args: &Args) -> anyhow::Result<()> {
     if !(args.scale > 0.0 && args.scale <= 10.0) {
         anyhow::bail!("--scale must be in (0, 10], got {}", args.scale);
     }
@@ -70,14 +137,70 @@ pub fn simulate(args: &Args) -> anyhow::Result<()> {
             args.oracle_occupancy
         );
     }
-    let mut cfg = SimConfig::new(args.seed, args.scale);
-    cfg.baselines.oracle_occupancy = args.oracle_occupancy;
-    cfg.target_utilization = args.target_utilization;
-    cfg.pause_while_scaling = args.pause_while_scaling;
-    cfg.baselines.hpa_target_utilization = args.hpa_target_utilization;
+    Ok(())
+}
+
+/// `--startup-seconds MIN[-MAX]`.
+fn startup_seconds(s: Option<&str>) -> anyhow::Result<Option<(f64, f64)>> {
+    let Some(s) = s else { return Ok(None) };
+    let bad = || {
+        anyhow::anyhow!(
+            "--startup-seconds {s:?}: expected MIN or MIN-MAX in seconds, e.g. 100 or 120-420"
+        )
+    };
+    let (lo, hi) = s.split_once('-').unwrap_or((s, s));
+    let lo: f64 = lo.trim().parse().map_err(|_| bad())?;
+    let hi: f64 = hi.trim().parse().map_err(|_| bad())?;
+    if !(lo.is_finite() && hi.is_finite() && 0.0 <= lo && lo <= hi && hi <= 86_400.0) {
+        return Err(bad());
+    }
+    Ok(Some((lo, hi)))
+}
+
+fn simulate_file(
+    args: &Args,
+    trace_file: &std::path::Path,
+    startup: Option<(f64, f64)>,
+) -> anyhow::Result<()> {
+    if args.trace.is_some() {
+        anyhow::bail!("--trace picks a built-in trace; --trace-file replays a file: give one");
+    }
+    if args.filenames.is_empty() {
+        anyhow::bail!("--trace-file needs the pool to replay it through: -f POOL.yaml");
+    }
+    if args.scale != 1.0 {
+        anyhow::bail!("--scale applies to the built-in traces; a trace file is replayed as it is");
+    }
+    let defaults = SimConfig::new(args.seed, 1.0);
+    let mut baselines = defaults.baselines;
+    baselines.oracle_occupancy = args.oracle_occupancy;
+    baselines.hpa_target_utilization = args.hpa_target_utilization;
+    let t0 = Instant::now();
+    let report = replay(&ReplayArgs {
+        manifests: &args.filenames,
+        trace_file,
+        pod_model: args.pod_model.as_deref(),
+        startup_s: startup.unwrap_or((defaults.startup_min_s, defaults.startup_max_s)),
+        static_replicas: args.static_replicas,
+        known_tenants: args.known_tenants,
+        seed: args.seed,
+        baselines,
+        threads: args.threads,
+    })?;
+    if args.json {
+        println!("{}", serde_json::to_string_pretty(&report)?);
+    } else {
+        println!("{}", words(&report));
+        println!("total wall time {:.1}s", t0.elapsed().as_secs_f64());
+    }
+    Ok(())
+}
+
+fn run_builtin(args: &Args, kinds: &[TraceKind], cfg: &SimConfig) -> anyhow::Result<()> {
+    let cfg = cfg.clone();
     let started = Instant::now();
     let mut reports = Vec::new();
-    for &kind in &kinds {
+    for &kind in kinds {
         let t0 = Instant::now();
         let trace = Trace::new(kind, cfg.scale, cfg.seed);
         let outputs = run_trace(kind, &cfg, args.threads)?;

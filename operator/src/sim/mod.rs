@@ -10,6 +10,11 @@
 //!   router, 2–7 min start-up and draining; `metrics`: Prometheus scrape and rate windows;
 //!   `policy`: the controllers; `run`: the event loop; `report`: outcomes and the table;
 //!   `steady`: what the pod model alone implies for GPU-hours, before any controller runs.
+//! - Your own pool and traffic (`replay`): `manifests` reads the InferencePool and TierPolicy
+//!   (`tiers` maps the TierPolicy onto the simulator's tier slots), `trace_file` parses a
+//!   recorded trace (JSON Lines or CSV), `arrivals` is the run's source of arrivals (the
+//!   analytic trace or the file) and what the oracles know of it, `pod_model_file` reads the
+//!   pods' step-time line from a pool's status or an engine bench.
 //!
 //! Approximations, stated honestly:
 //! - Arrivals are drawn per one-second bucket (Poisson count, uniform offsets), not from a
@@ -28,11 +33,15 @@
 //! - Draining pods finish their running and queued requests without a grace deadline.
 //! - Rates use the first and last sample in the window (no extrapolation).
 
+mod arrivals;
 pub mod cli;
 mod dynamics;
+mod manifests;
 mod metrics;
+mod pod_model_file;
 mod policy;
 mod pool;
+mod replay;
 mod report;
 mod rng;
 mod run;
@@ -40,7 +49,9 @@ mod steady;
 mod tenants;
 #[cfg(test)]
 mod tests;
+mod tiers;
 mod trace;
+mod trace_file;
 
 use serde::Serialize;
 use tidegate_api::{InferencePoolSpec, TierPolicySpec};
@@ -48,7 +59,7 @@ use tidegate_api::{InferencePoolSpec, TierPolicySpec};
 pub use policy::{BaselineSettings, PolicyKind};
 pub use pool::PodModel;
 pub use report::{RunResult, table};
-pub use run::{RunOutput, TimePoint, run};
+pub use run::{Driver, RunOutput, Scenario, TimePoint, run, run_scenario};
 pub use steady::{SteadyState, steady_state};
 pub use trace::{Trace, TraceKind};
 

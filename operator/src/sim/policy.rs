@@ -19,10 +19,10 @@ use tidegate_api::{InferencePoolSpec, TierPolicySpec};
 
 use crate::plan::{self, Observation, PlanState};
 
+use super::arrivals::Foresight;
 use super::metrics::Pipeline;
 use super::pool::Pool;
 use super::tenants::{NTIERS, TIERS};
-use super::trace::Trace;
 
 /// Which policy drives the pool.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
@@ -79,7 +79,7 @@ pub struct Ctx<'a> {
     pub trace_now_s: f64,
     pub pool: &'a Pool,
     pub pipeline: &'a Pipeline,
-    pub trace: &'a Trace,
+    pub trace: &'a dyn Foresight,
     /// Mean work per request (decode-step equivalents) of the requests generated so far:
     /// part of what the oracle knows.
     pub work_per_request: f64,

@@ -64,6 +64,8 @@ pub struct Req {
     pub context: u32,
     /// Decode-step equivalents (output + prefill cost).
     pub work: f32,
+    /// A trace file's session number (`trace_file::NO_SESSION`: none).
+    pub session: u32,
 }
 
 #[derive(Clone, Copy, Debug)]
@@ -521,6 +523,7 @@ mod tests {
             out: work as u32,
             context: 0,
             work,
+            session: u32::MAX,
         }
     }
 

@@ -111,12 +111,27 @@ pub fn ri(r: Refusal) -> usize {
 }
 
 /// Per-class outcomes: `[tier][existing as usize]`.
-#[derive(Clone, Debug, Default)]
+#[derive(Clone, Debug)]
 pub struct Stats {
     pub classes: [[ClassStats; 2]; NTIERS],
+    /// Queue-wait target of each tier slot, seconds.
+    targets: [f64; NTIERS],
+}
+
+impl Default for Stats {
+    fn default() -> Self {
+        Stats::with_targets(TIER_PARAMS.map(|p| p.queue_wait_target_s))
+    }
 }
 
 impl Stats {
+    pub fn with_targets(targets: [f64; NTIERS]) -> Self {
+        Stats {
+            classes: Default::default(),
+            targets,
+        }
+    }
+
     pub fn arrived(&mut self, tier: usize, existing: bool) {
         self.classes[tier][usize::from(existing)].arrived += 1;
     }
@@ -124,7 +139,7 @@ impl Stats {
     pub fn started(&mut self, tier: usize, existing: bool, wait_s: f64) {
         let c = &mut self.classes[tier][usize::from(existing)];
         c.started += 1;
-        if wait_s <= TIER_PARAMS[tier].queue_wait_target_s {
+        if wait_s <= self.targets[tier] {
             c.within += 1;
         }
         c.waits.add(wait_s);
@@ -266,16 +281,23 @@ fn count(n: u64) -> String {
 
 /// The comparison table of one trace. `baseline` names the policy GPU-hours are relative to.
 pub fn table(results: &[RunResult], baseline: &str) -> String {
+    table_with_tiers(results, baseline, &TIERS)
+}
+
+/// The table with the given tier names, one attainment column per name (slot order).
+pub fn table_with_tiers<S: AsRef<str>>(
+    results: &[RunResult],
+    baseline: &str,
+    tiers: &[S],
+) -> String {
     let base = results
         .iter()
         .find(|r| r.policy == baseline)
         .map(|r| r.gpu_hours);
-    let header = [
-        "policy",
-        "requests",
-        TIERS[0],
-        TIERS[1],
-        TIERS[2],
+    let ntiers = tiers.len().min(NTIERS);
+    let mut header: Vec<&str> = vec!["policy", "requests"];
+    header.extend(tiers.iter().take(ntiers).map(AsRef::as_ref));
+    header.extend([
         "existing",
         "new",
         "p99 exist",
@@ -291,21 +313,22 @@ pub fn table(results: &[RunResult], baseline: &str) -> String {
         "rev",
         "overshoot",
         "peak",
-    ];
+    ]);
     let rows: Vec<Vec<String>> = results
         .iter()
         .map(|r| {
-            vec![
-                r.policy.to_string(),
-                count(r.requests),
-                pct(r.attainment_by_tier[0]),
-                pct(r.attainment_by_tier[1]),
-                pct(r.attainment_by_tier[2]),
+            let mut row = vec![r.policy.to_string(), count(r.requests)];
+            row.extend(r.attainment_by_tier[..ntiers].iter().map(|a| pct(*a)));
+            row.extend([
                 pct(r.attainment_existing),
                 pct(r.attainment_new),
                 secs(r.p99_wait_existing_s),
                 secs(r.p99_wait_new_s),
-                format!("{:.0}", r.gpu_hours),
+                if r.gpu_hours < 100.0 {
+                    format!("{:.1}", r.gpu_hours)
+                } else {
+                    format!("{:.0}", r.gpu_hours)
+                },
                 base.map_or("-".into(), |b| format!("{:.0}%", 100.0 * r.gpu_hours / b)),
                 count(r.refused.new_tenant_pause),
                 count(r.refused.rate_limit),
@@ -316,7 +339,8 @@ pub fn table(results: &[RunResult], baseline: &str) -> String {
                 r.reversals.to_string(),
                 format!("{}/{}", r.worst_overshoot, r.max_step),
                 r.peak_replicas.to_string(),
-            ]
+            ]);
+            row
         })
         .collect();
     let mut width: Vec<usize> = header.iter().map(|h| h.chars().count()).collect();

@@ -93,6 +93,8 @@ pub struct Tenants {
     all: Vec<Tenant>,
     heavy: Vec<u32>,
     memory_s: u32,
+    /// The limits the gate applies, per tier slot.
+    params: [TierParams; NTIERS],
 }
 
 impl Tenants {
@@ -102,12 +104,39 @@ impl Tenants {
             all: Vec::with_capacity(initial as usize * 2),
             heavy: Vec::new(),
             memory_s,
+            params: TIER_PARAMS,
         };
         for _ in 0..initial {
             let id = t.add(rng);
             t.all[id as usize].admitted_at = 0;
         }
         t
+    }
+
+    /// Named tenants of a trace file, by tier slot, under the given tiers' limits. With
+    /// `known`, every one counts as admitted just before the start.
+    pub fn of_tiers(
+        tiers: &[u8],
+        memory_s: u32,
+        params: [TierParams; NTIERS],
+        known: bool,
+    ) -> Self {
+        let all = tiers
+            .iter()
+            .map(|&tier| Tenant {
+                tier,
+                admitted_at: if known { 0 } else { NEVER },
+                window: NEVER,
+                requests: 0,
+                tokens: 0,
+            })
+            .collect();
+        Tenants {
+            all,
+            heavy: Vec::new(),
+            memory_s,
+            params,
+        }
     }
 
     /// A brand-new tenant (not admitted yet).
@@ -171,7 +200,7 @@ impl Tenants {
     ) -> Result<(), Refusal> {
         let existing = self.existing(id, now_s);
         let t = &mut self.all[id as usize];
-        let p = TIER_PARAMS[usize::from(t.tier)];
+        let p = self.params[usize::from(t.tier)];
         let minute = now_s / 60;
         if t.window != minute {
             t.window = minute;
