@@ -30,7 +30,10 @@ use tidegate_api::status::InferencePoolStatus;
 use tidegate_api::{InferencePoolSpec, TierPolicySpec};
 use tracing::{info, warn};
 
-use crate::plan::{self, AdmissionMachine, Line, Millis, Observation, Plan, PlanState, PodModel};
+use crate::plan::{
+    self, AdmissionMachine, Forecaster, LeadTime, Line, Millis, Observation, Plan, PlanState,
+    PodModel,
+};
 use crate::ports::{
     EngineControl, MetricsSource, PoolRef, RegistryStore, RuntimeError, WorkloadRuntime,
     WorkloadState,
@@ -442,6 +445,21 @@ fn restore_plan_state(previous: Option<&InferencePoolStatus>) -> PlanState {
         let since = a.since.as_ref().map(unix_millis);
         state.admission =
             AdmissionMachine::restored(a.state, since, a.reason.clone(), a.paused_tiers.clone());
+    }
+    if let Some(f) = &prev.forecast {
+        let at = prev
+            .measured
+            .as_ref()
+            .and_then(|m| m.observed_at.as_ref())
+            .map(unix_millis)
+            .unwrap_or_default();
+        state.forecast = Forecaster::restored(&f.history, f.recent_error, at);
+        if let (true, Ok(lead)) = (
+            f.lead_time_measured,
+            f.lead_time.parse::<tidegate_api::Duration>(),
+        ) {
+            state.lead_time = LeadTime::restored(lead.as_std().as_millis() as u64);
+        }
     }
     state.last_desired = Some(prev.desired_replicas);
     state.last_scale_time = prev.last_scale_time.as_ref().map(unix_millis);

@@ -485,3 +485,27 @@ fn a_restart_keeps_the_learned_pod_model() {
     assert_eq!(line.base_seconds, 0.012);
     assert_eq!(line.per_sequence_seconds, 0.0021);
 }
+
+#[test]
+fn a_restart_keeps_the_forecast_history_and_the_lead_time() {
+    let mut profile = vec![String::new(); 96];
+    profile[40] = "12.5".into();
+    profile[41] = "13".into();
+    let history = format!("v1 15m {}", profile.join(","));
+    let status: InferencePoolStatus = serde_json::from_value(serde_json::json!({
+        "desiredReplicas": 3,
+        "forecast": {"inUse": true, "leadTime": "6m30s", "leadTimeMeasured": true,
+                     "recentError": 0.04, "history": history}
+    }))
+    .expect("status");
+    let state = restore_plan_state(Some(&status));
+    assert_eq!(state.forecast.history(), history);
+    assert_eq!(state.forecast.recent_error(), Some(0.04));
+    assert_eq!(state.lead_time.estimate_ms(15 * 60_000), 390_000);
+    // A lead time that was not measured is not restored as if it were.
+    let mut unmeasured = status.clone();
+    if let Some(f) = unmeasured.forecast.as_mut() {
+        f.lead_time_measured = false;
+    }
+    assert!(!restore_plan_state(Some(&unmeasured)).lead_time.measured());
+}

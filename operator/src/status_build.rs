@@ -5,11 +5,11 @@
 //! moves only when its status changes.
 
 use tidegate_api::status::{
-    AdmissionStatus, InferencePoolStatus, MAX_RECENT_DECISIONS, Measured, PodModelStatus,
-    ScalingDecision,
+    AdmissionStatus, ForecastStatus, InferencePoolStatus, MAX_RECENT_DECISIONS, Measured,
+    PodModelStatus, ScalingDecision,
 };
 
-use crate::plan::{Millis, Plan, merge_conditions, to_time};
+use crate::plan::{ForecastPlan, Millis, Plan, Standing, merge_conditions, to_time};
 use crate::ports::WorkloadState;
 
 fn round(x: f64, digits: i32) -> f64 {
@@ -52,6 +52,10 @@ pub fn build(
         }),
         None => prev.pod_model.clone(),
     };
+    let forecast = match &plan.forecast {
+        Some(f) => Some(forecast_status(f)),
+        None => prev.forecast.clone(),
+    };
     let admission = AdmissionStatus {
         state: plan.admission.state,
         since: plan.admission.since.map(to_time),
@@ -80,9 +84,24 @@ pub fn build(
         selector: Some(workload.selector.clone()).filter(|s| !s.is_empty()),
         measured,
         pod_model,
+        forecast,
         admission: Some(admission),
         last_scale_time: last_scale_time.map(to_time).or(prev.last_scale_time),
         recent_decisions: recent,
         conditions: merge_conditions(&prev.conditions, &plan.conditions, now, generation),
+    }
+}
+
+/// The forecast in status units: the error to two decimals (finer churns status).
+fn forecast_status(f: &ForecastPlan) -> ForecastStatus {
+    let lead = tidegate_api::Duration::from_millis(f.lead_time_ms.div_ceil(1000) * 1000);
+    ForecastStatus {
+        in_use: f.standing == Standing::InUse,
+        reason: f.standing.to_string(),
+        next_hour_peak_replicas: f.next_hour_peak_replicas,
+        lead_time: lead.to_string(),
+        lead_time_measured: f.lead_time_measured,
+        recent_error: f.recent_error.map(|e| round(e, 2)),
+        history: f.history.clone(),
     }
 }

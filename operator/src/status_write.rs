@@ -1,6 +1,7 @@
 //! Whether a tick's status is worth a write to the API server (pure, no I/O).
 //!
-//! Every tick builds a fresh status, and its measured figures (`measured`, `podModel`) move a
+//! Every tick builds a fresh status, and its measured figures (`measured`, `podModel`, the
+//! forecast's error and next-hour peak) move a
 //! little on every tick under load; writing each one costs a request per pool per interval,
 //! the largest share of what an operator with many pools asks of the API server. So:
 //! - a change in anything but the figures (replicas, desired, admission, conditions,
@@ -14,7 +15,7 @@
 
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use k8s_openapi::jiff::Timestamp;
-use tidegate_api::status::{InferencePoolStatus, Measured, PodModelStatus};
+use tidegate_api::status::{ForecastStatus, InferencePoolStatus, Measured, PodModelStatus};
 
 use crate::plan::Millis;
 
@@ -60,7 +61,10 @@ pub fn decide(
     if without_figures(prev) != without_figures(next) {
         return StatusWrite::Changed;
     }
-    if prev.measured == next.measured && prev.pod_model == next.pod_model {
+    if prev.measured == next.measured
+        && prev.pod_model == next.pod_model
+        && prev.forecast == next.forecast
+    {
         return StatusWrite::Skip;
     }
     if moved(
@@ -71,6 +75,10 @@ pub fn decide(
         prev.pod_model.as_ref(),
         next.pod_model.as_ref(),
         pod_figures,
+    ) || moved(
+        prev.forecast.as_ref(),
+        next.forecast.as_ref(),
+        forecast_figures,
     ) {
         return StatusWrite::Figures;
     }
@@ -86,6 +94,11 @@ fn without_figures(s: &InferencePoolStatus) -> InferencePoolStatus {
     let mut s = InferencePoolStatus {
         measured: s.measured.as_ref().map(|_| Measured::default()),
         pod_model: s.pod_model.as_ref().map(|_| PodModelStatus::default()),
+        forecast: s.forecast.as_ref().map(|f| ForecastStatus {
+            recent_error: None,
+            next_hour_peak_replicas: None,
+            ..f.clone()
+        }),
         ..s.clone()
     };
     if let Some(a) = s.admission.as_mut() {
@@ -122,6 +135,13 @@ fn pod_figures(p: &PodModelStatus) -> Vec<f64> {
         p.itl_base_seconds * 1e6,
         p.itl_per_sequence_seconds * 1e6,
         p.sessions_at_slo,
+    ]
+}
+
+fn forecast_figures(f: &ForecastStatus) -> Vec<f64> {
+    vec![
+        f.recent_error.unwrap_or_default() * 100.0,
+        f64::from(f.next_hour_peak_replicas.unwrap_or_default()),
     ]
 }
 

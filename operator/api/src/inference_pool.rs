@@ -473,6 +473,11 @@ pub struct Scaling {
     /// Where measurements come from.
     #[serde(default)]
     pub metrics: MetricsSource,
+    /// Auto: learn a daily demand profile from this pool's own history and scale up one
+    /// measured start-up time ahead of the forecast, while its recent error is small; Off:
+    /// react to the demand now only.
+    #[serde(default)]
+    pub forecast: ForecastMode,
 }
 
 fn default_interval() -> Duration {
@@ -502,6 +507,7 @@ impl Default for Scaling {
             max_scale_down_step: default_max_down_step(),
             capacity_hint_tokens_per_second: None,
             metrics: MetricsSource::default(),
+            forecast: ForecastMode::default(),
         }
     }
 }
@@ -516,6 +522,16 @@ pub enum ScalingMode {
     Advisory,
     /// Hold replicas.manual; measure and report only.
     Manual,
+}
+
+/// Whether the planner scales ahead of a demand forecast.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+pub enum ForecastMode {
+    /// Use the forecast while it predicts well; the reactive rule otherwise.
+    #[default]
+    Auto,
+    /// The reactive rule only.
+    Off,
 }
 
 /// Where measurements come from.

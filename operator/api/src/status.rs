@@ -38,6 +38,9 @@ pub struct InferencePoolStatus {
     /// SLO. Restored by a restarted operator.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub pod_model: Option<PodModelStatus>,
+    /// The demand forecast: whether the planner uses it, and what it sees coming.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub forecast: Option<ForecastStatus>,
     /// Admission of new tenants.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub admission: Option<AdmissionStatus>,
@@ -94,6 +97,35 @@ pub struct PodModelStatus {
     /// Points (one per engine per read) learned from since the operator started.
     #[serde(default)]
     pub samples: u64,
+}
+
+/// The demand forecast (see `scaling.forecast`).
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct ForecastStatus {
+    /// Whether the planner scales ahead of it now.
+    pub in_use: bool,
+    /// Why it is or is not in use, in words.
+    #[serde(default)]
+    pub reason: String,
+    /// Replicas the forecast's peak over the next hour needs at the target occupancy.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub next_hour_peak_replicas: Option<i32>,
+    /// How far ahead it orders: the slowest recent start-up of this pool's replicas, bounded
+    /// by engine.startupGracePeriod (half of it before any start-up was measured).
+    pub lead_time: String,
+    /// Whether the lead time was measured on this pool.
+    #[serde(default)]
+    pub lead_time_measured: bool,
+    /// Recent relative error of its predictions one lead time ahead (0.1 = 10%).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub recent_error: Option<f64>,
+    /// The learned daily profile, the planner's memory across restarts: format, bucket
+    /// width, then one value (slot-steps per second) per bucket of the UTC day, empty where
+    /// no day has been seen.
+    #[serde(default)]
+    #[schemars(length(max = 4096))]
+    pub history: String,
 }
 
 /// Admission of new tenants.

@@ -21,6 +21,7 @@ use prometheus_client::registry::Registry;
 use tidegate_api::AdmissionState;
 
 use crate::driver::TickOutcome;
+use crate::plan::{ForecastPlan, Standing};
 use crate::ports::PoolRef;
 use crate::status_write::StatusWrite;
 
@@ -59,6 +60,10 @@ pub struct OperatorMetrics {
     pub queue_wait_p99: Family<PoolLabels, FloatGauge>,
     pub admission_paused: Family<PoolLabels, Gauge>,
     pub metrics_available: Family<PoolLabels, Gauge>,
+    pub forecast_in_use: Family<PoolLabels, Gauge>,
+    pub forecast_peak_replicas: Family<PoolLabels, Gauge>,
+    pub forecast_lead_time: Family<PoolLabels, FloatGauge>,
+    pub forecast_error: Family<PoolLabels, FloatGauge>,
     pub scaling_decisions: Family<DecisionLabels, Counter>,
     pub status_writes: Family<ReasonLabel, Counter>,
 }
@@ -85,6 +90,10 @@ impl OperatorMetrics {
             queue_wait_p99: Family::default(),
             admission_paused: Family::default(),
             metrics_available: Family::default(),
+            forecast_in_use: Family::default(),
+            forecast_peak_replicas: Family::default(),
+            forecast_lead_time: Family::default(),
+            forecast_error: Family::default(),
             scaling_decisions: Family::default(),
             status_writes: Family::default(),
         };
@@ -151,6 +160,26 @@ impl OperatorMetrics {
             m.metrics_available.clone(),
         );
         r.register(
+            "forecast_in_use",
+            "1 while the planner scales ahead of the demand forecast",
+            m.forecast_in_use.clone(),
+        );
+        r.register(
+            "forecast_next_hour_peak_replicas",
+            "Replicas the forecast's peak over the next hour needs at the target occupancy",
+            m.forecast_peak_replicas.clone(),
+        );
+        r.register(
+            "forecast_lead_time_seconds",
+            "How far ahead the forecast orders: the measured start-up time of the pool's replicas",
+            m.forecast_lead_time.clone(),
+        );
+        r.register(
+            "forecast_recent_error",
+            "Recent relative error of the forecast one lead time ahead (0.1 = 10%)",
+            m.forecast_error.clone(),
+        );
+        r.register(
             "scaling_decisions",
             "Scaling decisions made, by direction",
             m.scaling_decisions.clone(),
@@ -189,6 +218,9 @@ impl OperatorMetrics {
                 .get_or_create(&l)
                 .set(m.queue_wait_p99.as_secs_f64());
         }
+        if let Some(f) = &plan.forecast {
+            self.record_forecast(&l, f);
+        }
         let paused = plan.admission.state == AdmissionState::PausedNewTenants;
         self.admission_paused
             .get_or_create(&l)
@@ -210,6 +242,31 @@ impl OperatorMetrics {
         }
     }
 
+    fn record_forecast(&self, l: &PoolLabels, f: &ForecastPlan) {
+        self.forecast_in_use
+            .get_or_create(l)
+            .set(i64::from(f.standing == Standing::InUse));
+        match f.next_hour_peak_replicas {
+            Some(n) => {
+                self.forecast_peak_replicas.get_or_create(l).set(n.into());
+            }
+            None => {
+                self.forecast_peak_replicas.remove(l);
+            }
+        }
+        self.forecast_lead_time
+            .get_or_create(l)
+            .set(f.lead_time_ms as f64 / 1e3);
+        match f.recent_error {
+            Some(e) => {
+                self.forecast_error.get_or_create(l).set(e);
+            }
+            None => {
+                self.forecast_error.remove(l);
+            }
+        }
+    }
+
     /// Drops a deleted pool's series.
     pub fn forget(&self, pool: &PoolRef) {
         let l = Self::labels(pool);
@@ -223,6 +280,10 @@ impl OperatorMetrics {
         self.queue_wait_p99.remove(&l);
         self.admission_paused.remove(&l);
         self.metrics_available.remove(&l);
+        self.forecast_in_use.remove(&l);
+        self.forecast_peak_replicas.remove(&l);
+        self.forecast_lead_time.remove(&l);
+        self.forecast_error.remove(&l);
         for direction in ["up", "down"] {
             self.scaling_decisions.remove(&DecisionLabels {
                 namespace: pool.namespace.clone(),

@@ -11,8 +11,11 @@
 //!   replicas.max and what the GPU budget allows.
 
 mod admission;
+mod ahead;
 mod conditions;
 mod demand;
+mod forecast;
+mod lead_time;
 mod pod_model;
 mod replicas;
 #[cfg(test)]
@@ -22,8 +25,11 @@ use tidegate_api::conditions::{reasons, types};
 use tidegate_api::{AdmissionState, Duration, InferencePoolSpec, ScalingMode, TierPolicySpec};
 
 pub use admission::{AdmissionMachine, Constraint};
+pub use ahead::ForecastPlan;
 pub use conditions::{ConditionPlan, merge_conditions, rfc3339, to_time};
 pub use demand::Demand;
+pub use forecast::{Forecaster, Standing};
+pub use lead_time::LeadTime;
 pub use pod_model::{AtSlo, Line, PodModel, StepSample};
 pub use replicas::Recommendations;
 
@@ -106,6 +112,10 @@ pub struct PlanState {
     pub ceiling_not_ready_warned: bool,
     /// Since when fewer replicas are ready than the planner wants.
     pub short_of_ready_since: Option<Millis>,
+    /// The demand forecast learned from this pool's history.
+    pub forecast: Forecaster,
+    /// How long this pool's replicas take to be ready once ordered.
+    pub lead_time: LeadTime,
 }
 
 /// Normal or Warning, as Kubernetes Events have it.
@@ -171,6 +181,8 @@ pub struct Plan {
     pub admission: AdmissionPlan,
     /// Present when metrics were available.
     pub measured: Option<MeasuredPlan>,
+    /// The forecast's standing and figures; present when metrics were available.
+    pub forecast: Option<ForecastPlan>,
     /// Points the pod model has learned from.
     pub pod_samples: u64,
     pub decision: Option<Decision>,
@@ -203,23 +215,85 @@ fn ceiling_words(spec: &InferencePoolSpec) -> String {
     }
 }
 
-/// Plans one tick for one pool and advances `state`.
+/// Plans one tick for one pool and advances `state`, in named stages: measure → forecast →
+/// replicas → admission → report.
 pub fn plan(
     spec: &InferencePoolSpec,
     tiers: Option<&TierPolicySpec>,
     obs: &Observation,
     state: &mut PlanState,
 ) -> Plan {
-    let now = obs.now;
-    let min = spec.replicas.min;
-    let ceil = ceiling(spec).max(min);
-    let current = obs.current_replicas;
     let mut events = Vec::new();
-
+    // Measure: learn capacity, compute demand and utilization.
     let metrics = fresh_metrics(spec, obs);
-    let metrics_ok = metrics.is_ok();
+    note_metrics_transition(&metrics, state, &mut events);
+    let measured = metrics.as_ref().ok().map(|m| {
+        state.pod_model.observe(spec, &m.step_samples);
+        measure(spec, m, &state.pod_model, obs)
+    });
+    // Forecast: learn the day's profile, and what it needs one lead time ahead.
+    let forecast = measured
+        .as_ref()
+        .map(|m| ahead::forecast(spec, m, state, obs.now));
+    // Replicas: what the pool needs, stabilized and bounded, and the decision with its event.
+    let counts = decide_replicas(spec, obs, measured.as_ref(), forecast.as_ref(), state);
+    let decision = record_decision(spec, obs, &counts, state, &mut events);
+    // Admission: at the ceiling, or while ordered capacity is still starting.
+    let gate = decide_admission(
+        spec,
+        tiers,
+        obs,
+        &counts,
+        measured.as_ref(),
+        state,
+        &mut events,
+    );
+    // Report: conditions and the one-line explanation.
+    let conditions = conditions::build(&conditions::Inputs {
+        spec,
+        obs,
+        metrics: &metrics,
+        measured: measured.as_ref(),
+        desired: counts.desired,
+        current: obs.current_replicas,
+        advisory: counts.advisory,
+        constraint: gate.constraint,
+        exhausted_since: state.exhausted_since.filter(|_| gate.exhausted),
+        ceiling_words: ceiling_words(spec),
+        admission: &gate.admission,
+    });
+    let explanation = explain(
+        spec,
+        obs,
+        measured.as_ref(),
+        &metrics,
+        obs.current_replicas,
+        counts.desired,
+        &counts.why,
+        &gate.admission,
+    );
+    Plan {
+        replicas: counts.replicas,
+        desired_replicas: counts.desired,
+        admission: gate.admission,
+        measured,
+        forecast,
+        pod_samples: state.pod_model.samples,
+        decision,
+        conditions,
+        events,
+        explanation,
+    }
+}
+
+/// A MetricsUnavailable warning when fresh metrics go missing (once, at the transition).
+fn note_metrics_transition(
+    metrics: &Result<PoolMetrics, MetricsProblem>,
+    state: &mut PlanState,
+    events: &mut Vec<EventPlan>,
+) {
     if state.metrics_were_available == Some(true)
-        && let Err(problem) = &metrics
+        && let Err(problem) = metrics
     {
         events.push(EventPlan {
             kind: EventKind::Warning,
@@ -227,22 +301,42 @@ pub fn plan(
             note: format!("holding the last decision: {}", problem_words(problem)),
         });
     }
-    state.metrics_were_available = Some(metrics_ok);
+    state.metrics_were_available = Some(metrics.is_ok());
+}
 
-    // Measure: learn capacity, compute demand and utilization.
-    let measured = metrics.as_ref().ok().map(|m| {
-        state.pod_model.observe(spec, &m.step_samples);
-        measure(spec, m, &state.pod_model, obs)
-    });
+/// The replica stage's answer.
+struct Counts {
+    /// What the planner wants, within [min, ceiling].
+    desired: i32,
+    /// What the workload should run (the current count in Advisory mode).
+    replicas: i32,
+    why: String,
+    advisory: bool,
+}
 
-    // Decide replicas.
-    let (wanted, why) = match (&measured, spec.scaling.mode) {
+/// The replica stage: the requirement (reactive, raised by the forecast), stabilized, lifted
+/// for scale-from-zero, bounded by the floor and the ceiling.
+fn decide_replicas(
+    spec: &InferencePoolSpec,
+    obs: &Observation,
+    measured: Option<&MeasuredPlan>,
+    forecast: Option<&ForecastPlan>,
+    state: &mut PlanState,
+) -> Counts {
+    let (now, current) = (obs.now, obs.current_replicas);
+    let min = spec.replicas.min;
+    let ceil = ceiling(spec).max(min);
+    let (wanted, why) = match (measured, spec.scaling.mode) {
         (_, ScalingMode::Manual) => {
             let manual = spec.replicas.manual.unwrap_or(current).clamp(min, ceil);
             (manual, format!("manual mode holds {manual} replicas"))
         }
         (Some(m), _) => {
             let (raw, why) = replicas::required(spec, m, current, obs.ready_replicas, ceil);
+            let (raw, why) = match forecast {
+                Some(f) => ahead::raise(f, raw, current, why),
+                None => (raw, why),
+            };
             state.recommendations.record(now, raw);
             let stabilized = replicas::stabilize(spec, &state.recommendations, now, current, raw);
             (stabilized, why)
@@ -284,50 +378,91 @@ pub fn plan(
         why
     };
     let advisory = spec.scaling.mode == ScalingMode::Advisory;
-    // Advisory never acts; it only keeps the declared floor (a pool with no pods measures nothing).
-    let replicas = if advisory { current.max(min) } else { desired };
     state.last_desired = Some(desired);
-
-    let decision = (desired != current).then(|| Decision {
-        from: current,
-        to: desired,
-        reason: why.clone(),
-        applied: !advisory,
-    });
-    if let Some(d) = &decision {
-        if d.applied {
-            state.last_scale_time = Some(now);
-            events.push(EventPlan {
-                kind: EventKind::Normal,
-                reason: if d.to > d.from {
-                    "ScaledUp"
-                } else {
-                    "ScaledDown"
-                },
-                note: format!("{} → {} replicas: {}", d.from, d.to, d.reason),
-            });
-        } else {
-            events.push(EventPlan {
-                kind: EventKind::Normal,
-                reason: "ScalingRecommended",
-                note: format!(
-                    "advisory: would scale {} → {} replicas: {}",
-                    d.from, d.to, d.reason
-                ),
-            });
-        }
+    Counts {
+        desired,
+        // Advisory never acts; it only keeps the declared floor (a pool with no pods
+        // measures nothing).
+        replicas: if advisory { current.max(min) } else { desired },
+        why,
+        advisory,
     }
+}
 
-    // Admission: at the ceiling, or while ordered capacity is still starting.
-    let at_ceiling = at_ceiling(spec, obs, desired, ceil, state, &mut events);
-    let constraint = if at_ceiling {
+/// The decision (if the count changes), its event, and what the lead time learns from it.
+fn record_decision(
+    spec: &InferencePoolSpec,
+    obs: &Observation,
+    counts: &Counts,
+    state: &mut PlanState,
+    events: &mut Vec<EventPlan>,
+) -> Option<Decision> {
+    let (now, current) = (obs.now, obs.current_replicas);
+    let decision = (counts.desired != current).then(|| Decision {
+        from: current,
+        to: counts.desired,
+        reason: counts.why.clone(),
+        applied: !counts.advisory,
+    });
+    let ordered = decision
+        .as_ref()
+        .filter(|d| d.applied && d.to > d.from)
+        .map(|d| d.to);
+    ahead::observe_lead_time(spec, state, now, current, obs.ready_replicas, ordered);
+    let d = decision.as_ref()?;
+    if d.applied {
+        state.last_scale_time = Some(now);
+        events.push(EventPlan {
+            kind: EventKind::Normal,
+            reason: if d.to > d.from {
+                "ScaledUp"
+            } else {
+                "ScaledDown"
+            },
+            note: format!("{} → {} replicas: {}", d.from, d.to, d.reason),
+        });
+    } else {
+        events.push(EventPlan {
+            kind: EventKind::Normal,
+            reason: "ScalingRecommended",
+            note: format!(
+                "advisory: would scale {} → {} replicas: {}",
+                d.from, d.to, d.reason
+            ),
+        });
+    }
+    decision
+}
+
+/// The admission stage's answer.
+struct Gate {
+    admission: AdmissionPlan,
+    constraint: Constraint,
+    /// Constrained and over the pause threshold this tick.
+    exhausted: bool,
+}
+
+/// The admission stage: whether capacity is constrained (the ceiling, or replicas still
+/// arriving), whether the pool is over its pause threshold, and the admission machine's step.
+fn decide_admission(
+    spec: &InferencePoolSpec,
+    tiers: Option<&TierPolicySpec>,
+    obs: &Observation,
+    counts: &Counts,
+    measured: Option<&MeasuredPlan>,
+    state: &mut PlanState,
+    events: &mut Vec<EventPlan>,
+) -> Gate {
+    let now = obs.now;
+    let ceil = ceiling(spec).max(spec.replicas.min);
+    let constraint = if at_ceiling(spec, obs, counts.desired, ceil, state, events) {
         Constraint::Ceiling
-    } else if capacity_arriving(spec, obs, desired, state) {
+    } else if capacity_arriving(spec, obs, counts.desired, state) {
         Constraint::Arriving
     } else {
         Constraint::None
     };
-    let pressure = measured.as_ref().map(|m| admission::Pressure::of(spec, m));
+    let pressure = measured.map(|m| admission::Pressure::of(spec, m));
     let over = pressure.as_ref().is_some_and(|p| p.over_pause(spec));
     let exhausted = constraint != Constraint::None && over;
     if exhausted {
@@ -335,14 +470,14 @@ pub fn plan(
     } else if measured.is_some() {
         state.exhausted_since = None;
     }
-    let may_act = !advisory && spec.admission.enabled;
+    let may_act = !counts.advisory && spec.admission.enabled;
     let before = state.admission.state();
     let admission = state
         .admission
         .step(spec, tiers, now, constraint, pressure.as_ref(), may_act);
     if admission.state != before {
         events.push(admission::transition_event(&admission));
-    } else if advisory && exhausted {
+    } else if counts.advisory && exhausted {
         // Say what Auto mode would have done.
         events.push(EventPlan {
             kind: EventKind::Normal,
@@ -356,41 +491,10 @@ pub fn plan(
             ),
         });
     }
-
-    let conditions = conditions::build(&conditions::Inputs {
-        spec,
-        obs,
-        metrics: &metrics,
-        measured: measured.as_ref(),
-        desired,
-        current,
-        advisory,
-        constraint,
-        exhausted_since: state.exhausted_since.filter(|_| exhausted),
-        ceiling_words: ceiling_words(spec),
-        admission: &admission,
-    });
-
-    let explanation = explain(
-        spec,
-        obs,
-        measured.as_ref(),
-        &metrics,
-        current,
-        desired,
-        &why,
-        &admission,
-    );
-    Plan {
-        replicas,
-        desired_replicas: desired,
+    Gate {
         admission,
-        measured,
-        pod_samples: state.pod_model.samples,
-        decision,
-        conditions,
-        events,
-        explanation,
+        constraint,
+        exhausted,
     }
 }
 

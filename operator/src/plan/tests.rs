@@ -875,3 +875,54 @@ fn requests_queued_at_the_routers_count_as_backlog_once_the_engines_are_full() {
         "{queued_util} vs {quiet_util}"
     );
 }
+
+/// Two tidal days (pods ready the tick after they are ordered): on the second the planner orders ahead
+/// of the tide and says so, in Auto; in Off the same ticks react to the demand now.
+#[test]
+fn the_second_day_of_a_tide_is_planned_ahead() {
+    fn sessions(now: Millis) -> f64 {
+        let day = 86_400_000;
+        let phase = ((now % day) as f64 / day as f64 - 15.0 / 24.0) * std::f64::consts::TAU;
+        600.0 * (1.0 + 0.6 * phase.cos())
+    }
+    let run = |mode: &str| {
+        let mut s = spec(1, 100);
+        s.scaling.forecast = if mode == "Auto" {
+            ForecastMode::Auto
+        } else {
+            ForecastMode::Off
+        };
+        let mut pool = Pool::new(s);
+        pool.now -= pool.now % 86_400_000;
+        let mut early = 0;
+        let mut replicas_on_day_two = 0i64;
+        for i in 0..2 * 86_400_000 / TICK {
+            let now = pool.now + TICK;
+            let plan = pool.tick(sessions(now)).clone();
+            if i >= 86_400_000 / TICK {
+                replicas_on_day_two += i64::from(plan.replicas);
+                if plan
+                    .decision
+                    .as_ref()
+                    .is_some_and(|d| d.reason.contains("early for the forecast"))
+                {
+                    early += 1;
+                }
+            }
+        }
+        let last = pool.plans.last().expect("ticked").clone();
+        (early, replicas_on_day_two, last)
+    };
+    let (early, auto_replicas, last) = run("Auto");
+    let forecast = last.forecast.expect("metrics were fresh");
+    assert_eq!(forecast.standing, Standing::InUse, "{forecast:?}");
+    assert!(forecast.recent_error.expect("scored") < 0.05);
+    assert!(forecast.next_hour_peak_replicas.is_some());
+    assert!(early > 0, "no scale-up was early for the forecast");
+    let (early_off, off_replicas, last_off) = run("Off");
+    assert_eq!(early_off, 0);
+    assert_eq!(last_off.forecast.expect("fresh").standing, Standing::Off);
+    // Ahead of the tide costs at most a little: the replica-ticks of the day stay within 5%.
+    let ratio = auto_replicas as f64 / off_replicas as f64;
+    assert!((1.0..1.05).contains(&ratio), "{ratio}");
+}

@@ -26,7 +26,7 @@ Trace files: one arrival per line, in time order.
   (its TierPolicy given with -f; without tierPolicyRef, the one tier \"default\").
 Example: simulate -f examples/traces/llmd-pool.yaml --trace-file examples/traces/llmd-ramp.csv --startup-seconds 100")]
 pub struct Args {
-    /// Built-in trace: steady, tidal, flash, ramp or all (default all; not with --trace-file).
+    /// Built-in trace: steady, tidal, holiday, flash, ramp or all (default all; not with --trace-file).
     #[arg(long)]
     pub trace: Option<String>,
     /// An InferencePool manifest, and optionally a TierPolicy one (repeat -f, or several
@@ -70,6 +70,11 @@ pub struct Args {
     /// admission.pauseWhileScaling of tidegate's pool (the API default is true).
     #[arg(long, default_value_t = true, action = clap::ArgAction::Set)]
     pub pause_while_scaling: bool,
+    /// scaling.forecast of tidegate's pool: true is Auto (the API default), false is Off.
+    /// With it, a daily trace (tidal, holiday) is preceded by a tidal day the planner learns
+    /// from, not counted.
+    #[arg(long, default_value_t = true, action = clap::ArgAction::Set)]
+    pub forecast: bool,
     /// The HPA baselines' utilization target (sensitivity: compare at equal attainment).
     #[arg(long, default_value_t = 0.7)]
     pub hpa_target_utilization: f64,
@@ -101,12 +106,15 @@ pub fn simulate(args: &Args) -> anyhow::Result<()> {
     }
     let trace = args.trace.as_deref().unwrap_or("all");
     let kinds = TraceKind::parse(trace).ok_or_else(|| {
-        anyhow::anyhow!("unknown trace {trace:?}: expected steady, tidal, flash, ramp or all")
+        anyhow::anyhow!(
+            "unknown trace {trace:?}: expected steady, tidal, holiday, flash, ramp or all"
+        )
     })?;
     let mut cfg = SimConfig::new(args.seed, args.scale);
     cfg.baselines.oracle_occupancy = args.oracle_occupancy;
     cfg.target_utilization = args.target_utilization;
     cfg.pause_while_scaling = args.pause_while_scaling;
+    cfg.forecast = args.forecast;
     cfg.baselines.hpa_target_utilization = args.hpa_target_utilization;
     if let Some((lo, hi)) = startup {
         cfg.startup_min_s = lo;
@@ -170,6 +178,17 @@ fn simulate_file(
     }
     if args.scale != 1.0 {
         anyhow::bail!("--scale applies to the built-in traces; a trace file is replayed as it is");
+    }
+    for (changed, what) in [
+        (args.target_utilization != 0.7, "--target-utilization"),
+        (!args.pause_while_scaling, "--pause-while-scaling"),
+        (!args.forecast, "--forecast"),
+    ] {
+        if changed {
+            anyhow::bail!(
+                "{what} sets the built-in pool; a trace file runs through the -f pool's own spec: set it there"
+            );
+        }
     }
     let defaults = SimConfig::new(args.seed, 1.0);
     let mut baselines = defaults.baselines;

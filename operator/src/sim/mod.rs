@@ -56,7 +56,7 @@ mod trace_file;
 use serde::Serialize;
 use tidegate_api::{InferencePoolSpec, TierPolicySpec};
 
-pub use policy::{BaselineSettings, PolicyKind};
+pub use policy::{BaselineSettings, PlanMemory, PolicyKind};
 pub use pool::PodModel;
 pub use report::{RunResult, table};
 pub use run::{Driver, RunOutput, Scenario, TimePoint, run, run_scenario};
@@ -94,6 +94,10 @@ pub struct SimConfig {
     pub target_utilization: f64,
     /// admission.pauseWhileScaling of that pool (the API default is true).
     pub pause_while_scaling: bool,
+    /// scaling.forecast of that pool (the API default is Auto).
+    pub forecast: bool,
+    /// What tidegate's planner starts with (a day before it, for daily traces).
+    pub planner_memory: Option<PlanMemory>,
 }
 
 impl SimConfig {
@@ -131,6 +135,8 @@ impl SimConfig {
             },
             target_utilization: 0.7,
             pause_while_scaling: true,
+            forecast: true,
+            planner_memory: None,
         }
     }
 }
@@ -154,6 +160,7 @@ scaling:
   maxScaleUpStep: {up}
   maxScaleDownStep: {down}
   metrics: {{source: Prometheus, rateWindow: 1m, staleAfter: 2m}}
+  forecast: {f}
 admission: {{enabled: true, pauseThreshold: 0.95, resumeThreshold: 0.8, pauseAfter: 1m, holdTime: 5m, tenantMemory: 24h, pauseWhileScaling: {p}}}
 tierPolicyRef: {{name: sim}}
 "#,
@@ -162,6 +169,7 @@ tierPolicyRef: {{name: sim}}
         r = cfg.tokens_per_second_per_session,
         u = cfg.target_utilization,
         p = cfg.pause_while_scaling,
+        f = if cfg.forecast { "Auto" } else { "Off" },
     );
     serde_saphyr::from_str(&yaml).map_err(|e| anyhow::anyhow!("simulator pool spec: {e}"))
 }
@@ -178,6 +186,17 @@ pub fn run_trace(
     threads: usize,
 ) -> anyhow::Result<Vec<RunOutput>> {
     let trace = Trace::new(kind, cfg.scale, cfg.seed);
+    let with_memory;
+    let cfg = match day_before(kind, cfg)? {
+        Some(memory) => {
+            with_memory = SimConfig {
+                planner_memory: Some(memory),
+                ..cfg.clone()
+            };
+            &with_memory
+        }
+        None => cfg,
+    };
     let policies = PolicyKind::ALL;
     let mut out: Vec<Option<anyhow::Result<RunOutput>>> = policies.iter().map(|_| None).collect();
     let next = std::sync::atomic::AtomicUsize::new(0);
@@ -197,6 +216,20 @@ pub fn run_trace(
         }
     });
     out.into_iter().flatten().collect()
+}
+
+/// For a day of a daily pattern, tidegate's planner first lives the day before (the same
+/// kind of day, other bursts: its seed differs) and carries what it learned into the day
+/// that is measured, as an operator does from one day to the next.
+fn day_before(kind: TraceKind, cfg: &SimConfig) -> anyhow::Result<Option<PlanMemory>> {
+    let Some(before) = kind.day_before() else {
+        return Ok(None);
+    };
+    if !cfg.forecast || cfg.planner_memory.is_some() {
+        return Ok(None);
+    }
+    let trace = Trace::new(before, cfg.scale, cfg.seed.wrapping_add(0x5eed));
+    Ok(run(&trace, PolicyKind::Tidegate, cfg)?.memory)
 }
 
 /// The report of one trace, for `--json`.

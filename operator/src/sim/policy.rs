@@ -17,7 +17,7 @@ use std::collections::VecDeque;
 use serde::Serialize;
 use tidegate_api::{InferencePoolSpec, TierPolicySpec};
 
-use crate::plan::{self, Observation, PlanState};
+use crate::plan::{self, Forecaster, LeadTime, Observation, PlanState};
 
 use super::arrivals::Foresight;
 use super::metrics::Pipeline;
@@ -204,6 +204,37 @@ pub enum Controller {
     },
 }
 
+/// What tidegate's planner carries from one day to the next: the forecast's profile and
+/// error and the measured lead time, in the form the operator keeps in status, so the
+/// simulator restores it the way an operator restart does.
+#[derive(Clone, Debug, Default)]
+pub struct PlanMemory {
+    pub history: String,
+    pub recent_error: Option<f64>,
+    pub lead_ms: Option<u64>,
+}
+
+impl PlanMemory {
+    fn of(state: &PlanState) -> PlanMemory {
+        PlanMemory {
+            history: state.forecast.history(),
+            recent_error: state.forecast.recent_error(),
+            lead_ms: state
+                .lead_time
+                .measured()
+                .then(|| state.lead_time.estimate_ms(u64::MAX)),
+        }
+    }
+
+    fn restore(&self) -> PlanState {
+        PlanState {
+            forecast: Forecaster::restored(&self.history, self.recent_error, 0),
+            lead_time: self.lead_ms.map(LeadTime::restored).unwrap_or_default(),
+            ..PlanState::default()
+        }
+    }
+}
+
 /// Baseline settings, as users configure them.
 #[derive(Clone, Copy, Debug, Serialize)]
 pub struct BaselineSettings {
@@ -220,6 +251,7 @@ impl Controller {
         pool: &Pool,
         b: BaselineSettings,
         startup_max_s: f64,
+        memory: Option<&PlanMemory>,
     ) -> Self {
         let hpa = |metric, target| {
             Controller::Hpa(Hpa {
@@ -234,7 +266,7 @@ impl Controller {
             PolicyKind::Tidegate => Controller::Tidegate {
                 spec: Box::new(spec.clone()),
                 tiers: Box::new(tiers.clone()),
-                state: Box::default(),
+                state: Box::new(memory.map(PlanMemory::restore).unwrap_or_default()),
             },
             PolicyKind::HpaGpu => hpa(
                 HpaMetric::GpuUtilization {
@@ -258,6 +290,14 @@ impl Controller {
                 },
                 max_batch: f64::from(pool.model.max_batch),
             },
+        }
+    }
+
+    /// What tidegate's planner would carry into the next day (None for other policies).
+    pub fn memory(&self) -> Option<PlanMemory> {
+        match self {
+            Controller::Tidegate { state, .. } => Some(PlanMemory::of(state)),
+            _ => None,
         }
     }
 

@@ -97,6 +97,8 @@ pub struct TimePoint {
 pub struct RunOutput {
     pub result: RunResult,
     pub timeline: Vec<TimePoint>,
+    /// What tidegate's planner carries into the next day.
+    pub memory: Option<super::policy::PlanMemory>,
 }
 
 /// What drives the replica count: one of the compared policies, or a fixed count.
@@ -522,6 +524,7 @@ pub fn run_scenario(
                 &sim.pool,
                 cfg.baselines,
                 cfg.startup_max_s,
+                cfg.planner_memory.as_ref(),
             )))
         }
         Driver::Static(n) => {
@@ -532,7 +535,13 @@ pub fn run_scenario(
         }
     };
     let tally = event_loop(&mut sim, &mut control, scn, &plan);
-    Ok(finish(sim, tally, scn, driver, wall))
+    let memory = match &control {
+        Control::Policy(c) => c.memory(),
+        Control::Static(_) => None,
+    };
+    let mut out = finish(sim, tally, scn, driver, wall);
+    out.memory = memory;
+    Ok(out)
 }
 
 fn new_sim<'a>(
@@ -741,5 +750,6 @@ fn finish(
     RunOutput {
         result,
         timeline: tally.timeline,
+        memory: None,
     }
 }

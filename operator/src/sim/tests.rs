@@ -206,3 +206,33 @@ fn the_oracle_orders_ahead_of_the_flash_and_oracle_now_only_at_it() {
     assert_eq!(at(&now, step - 30.0), at(&now, step - 900.0));
     assert!(at(&now, step + 120.0) > at(&now, step - 30.0));
 }
+
+#[test]
+fn the_day_before_teaches_the_forecast_and_a_holiday_costs_no_more() {
+    // A tidal day learned, then a holiday at half its load: the forecast scales its profile
+    // to the day (or stands aside), so the planner spends no more than the reactive one.
+    let cfg = SimConfig::new(2, 0.05);
+    let memory = day_before(TraceKind::Holiday, &cfg)
+        .expect("runs")
+        .expect("a daily trace has a day before");
+    assert!(memory.history.starts_with("v1 15m "));
+    assert!(memory.lead_ms.is_some(), "start-ups were measured");
+    let with = SimConfig {
+        planner_memory: Some(memory),
+        ..cfg.clone()
+    };
+    let off = SimConfig {
+        forecast: false,
+        ..cfg.clone()
+    };
+    let ahead = run_one(TraceKind::Holiday, PolicyKind::Tidegate, &with).result;
+    let reactive = run_one(TraceKind::Holiday, PolicyKind::Tidegate, &off).result;
+    let attained = |r: &RunResult| r.attainment_existing.expect("served");
+    assert!(
+        ahead.gpu_hours <= reactive.gpu_hours * 1.03,
+        "{} vs {} GPU-h",
+        ahead.gpu_hours,
+        reactive.gpu_hours
+    );
+    assert!(attained(&ahead) >= attained(&reactive) - 0.002);
+}

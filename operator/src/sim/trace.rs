@@ -19,6 +19,9 @@ use super::rng::Rng;
 pub enum TraceKind {
     /// A day with a tidal shape (peak mid-afternoon, trough before dawn) and short bursts.
     Tidal,
+    /// The tidal day's shape at half its load (a holiday): the day after a tidal day that
+    /// does not repeat it.
+    Holiday,
     /// A quiet morning, then a flash crowd (existing tenants and a wave of new ones).
     Flash,
     /// Steady growth from new tenants, well beyond the pool's maximum capacity.
@@ -35,12 +38,14 @@ impl TraceKind {
     pub fn parse(s: &str) -> Option<Vec<TraceKind>> {
         Some(match s {
             "tidal" => vec![TraceKind::Tidal],
+            "holiday" => vec![TraceKind::Holiday],
             "flash" => vec![TraceKind::Flash],
             "ramp" => vec![TraceKind::Ramp],
             "steady" => vec![TraceKind::Steady],
             "all" => vec![
                 TraceKind::Steady,
                 TraceKind::Tidal,
+                TraceKind::Holiday,
                 TraceKind::Flash,
                 TraceKind::Ramp,
             ],
@@ -48,9 +53,19 @@ impl TraceKind {
         })
     }
 
+    /// The day before this one, when the trace is a day of a daily pattern: the planner
+    /// runs it first and carries what it learned (its forecast) into this one.
+    pub fn day_before(self) -> Option<TraceKind> {
+        match self {
+            TraceKind::Tidal | TraceKind::Holiday => Some(TraceKind::Tidal),
+            _ => None,
+        }
+    }
+
     pub fn name(self) -> &'static str {
         match self {
             TraceKind::Tidal => "tidal",
+            TraceKind::Holiday => "holiday",
             TraceKind::Flash => "flash",
             TraceKind::Ramp => "ramp",
             TraceKind::Steady => "steady",
@@ -89,14 +104,14 @@ impl Trace {
     pub fn new(kind: TraceKind, scale: f64, seed: u64) -> Self {
         let mut rng = Rng::new(seed).fork(0x7ace);
         let (duration_s, tenants, max, step_at) = match kind {
-            TraceKind::Tidal => (DAY, 200_000.0, 1000.0, None),
+            TraceKind::Tidal | TraceKind::Holiday => (DAY, 200_000.0, 1000.0, None),
             TraceKind::Flash => (DAY / 2, 200_000.0, 1000.0, Some(4 * 3600)),
             TraceKind::Ramp => (8 * 3600, 80_000.0, 500.0, None),
             TraceKind::Steady => (3600, 200_000.0, 1000.0, None),
             TraceKind::Step => (2 * 3600, 200_000.0, 1000.0, Some(3600)),
             TraceKind::Ceiling => (3 * 3600, 200_000.0, 250.0, None),
         };
-        let bursts = if kind == TraceKind::Tidal {
+        let bursts = if matches!(kind, TraceKind::Tidal | TraceKind::Holiday) {
             (0..8)
                 .map(|_| {
                     let start = 6 * 3600 + rng.below(16 * 3600);
@@ -133,6 +148,7 @@ impl Trace {
         let day_phase = (t / DAY as f64 - 15.0 / 24.0) * std::f64::consts::TAU;
         let base = match self.kind {
             TraceKind::Tidal => 1.0 + 0.6 * day_phase.cos(),
+            TraceKind::Holiday => 0.5 * (1.0 + 0.6 * day_phase.cos()),
             TraceKind::Flash => {
                 let t0 = self.step_at.unwrap_or(0) as f64;
                 if t < t0 {
@@ -174,7 +190,7 @@ impl Trace {
         let n0 = f64::from(self.initial_tenants);
         match self.kind {
             // 4% of the population per day, with the tidal shape.
-            TraceKind::Tidal | TraceKind::Steady | TraceKind::Step => {
+            TraceKind::Tidal | TraceKind::Holiday | TraceKind::Steady | TraceKind::Step => {
                 0.04 * n0 / DAY as f64 * self.activity(t).min(2.0)
             }
             TraceKind::Flash => {
