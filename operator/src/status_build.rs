@@ -97,7 +97,11 @@ fn forecast_status(f: &ForecastPlan) -> ForecastStatus {
     let lead = tidegate_api::Duration::from_millis(f.lead_time_ms.div_ceil(1000) * 1000);
     ForecastStatus {
         in_use: f.standing == Standing::InUse,
-        reason: f.standing.to_string(),
+        reason: if f.standing == Standing::Off {
+            format!("{} (with Auto: {})", f.standing, f.with_auto)
+        } else {
+            f.standing.to_string()
+        },
         next_hour_peak_replicas: f.next_hour_peak_replicas,
         lead_time: lead.to_string(),
         lead_time_measured: f.lead_time_measured,

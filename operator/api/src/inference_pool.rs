@@ -474,8 +474,8 @@ pub struct Scaling {
     #[serde(default)]
     pub metrics: MetricsSource,
     /// Auto: learn a daily demand profile from this pool's own history and scale up one
-    /// measured start-up time ahead of the forecast, while its recent error is small; Off:
-    /// react to the demand now only.
+    /// measured start-up time ahead of the forecast, while its recent error is small; Off
+    /// (default): react to the demand now only. The profile is learned in both.
     #[serde(default)]
     pub forecast: ForecastMode,
 }
@@ -528,9 +528,10 @@ pub enum ScalingMode {
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
 pub enum ForecastMode {
     /// Use the forecast while it predicts well; the reactive rule otherwise.
-    #[default]
     Auto,
-    /// The reactive rule only.
+    /// The reactive rule only (the default: on the simulator's days the forecast costs a few
+    /// percent of GPU-hours for little attainment; see the docs).
+    #[default]
     Off,
 }
 

@@ -20,6 +20,8 @@ const NEXT_HOUR_MS: u64 = 3_600_000;
 #[derive(Clone, Debug, PartialEq)]
 pub struct ForecastPlan {
     pub standing: Standing,
+    /// Its standing were the pool's `scaling.forecast` Auto (what Off would give up).
+    pub with_auto: Standing,
     /// The lead time planned with, and whether it was measured (else half the grace period).
     pub lead_time_ms: u64,
     pub lead_time_measured: bool,
@@ -66,13 +68,21 @@ pub fn forecast(
     let ahead = (standing == Standing::InUse)
         .then(|| f.peak(now, lead))
         .flatten();
+    // Ordering early pays only when the demand grows within the lead time by more than the
+    // scale-down band: slower growth is what the target's headroom is for, and ordering for
+    // it early only holds pods longer.
+    let steep = match (ahead, f.peak(now, 0)) {
+        (Some(peak), Some(here)) => peak > here * (1.0 + TOLERANCE),
+        _ => false,
+    };
     ForecastPlan {
         standing,
+        with_auto: f.standing(now, lead, true),
         lead_time_ms: lead,
         lead_time_measured: state.lead_time.measured(),
         recent_error: f.recent_error(),
         next_hour_peak_replicas: f.peak(now, NEXT_HOUR_MS).map(replicas),
-        ahead_replicas: ahead.map(replicas),
+        ahead_replicas: ahead.filter(|_| steep).map(replicas),
         ahead_floor: ahead.map(|s| replicas_at(s, target * (1.0 - TOLERANCE))),
         ahead_steps_per_second: ahead,
         history: f.history(),

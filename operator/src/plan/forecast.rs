@@ -47,6 +47,8 @@ pub const MAX_ERROR: f64 = 0.2;
 const ERROR_FLOOR_OF_PEAK: f64 = 0.05;
 /// A bucket counts as seen once it holds observations over at least this share of it.
 const MIN_BUCKET_COVER: f64 = 0.5;
+/// A bucket is read as the median of it and this many neighbours on each side.
+const MEDIAN_REACH: usize = 2;
 /// Predictions awaiting their score, at most.
 const MAX_PENDING: usize = 2048;
 /// The forecast peak over a horizon is taken at this step.
@@ -254,17 +256,18 @@ impl Forecaster {
         Some(a + frac * (b - a))
     }
 
-    /// Bucket `i` as the median of it and its two neighbours: a burst on one past day that
-    /// filled one bucket is not forecast for every day after.
+    /// Bucket `i` as the median of it and its neighbours within half an hour: a burst on one
+    /// past day that filled a bucket or two is not forecast for every day after.
     fn robust(&self, i: usize) -> Option<f64> {
-        let at = |j: usize| self.profile[j % BUCKETS];
-        let (prev, here, next) = (at(i + BUCKETS - 1), at(i)?, at(i + 1));
-        let (Some(p), Some(n)) = (prev, next) else {
+        let here = self.profile[i]?;
+        let mut v: Vec<f64> = (0..=2 * MEDIAN_REACH)
+            .filter_map(|d| self.profile[(i + BUCKETS + d - MEDIAN_REACH) % BUCKETS])
+            .collect();
+        if v.len() < 2 * MEDIAN_REACH + 1 {
             return Some(here);
-        };
-        let mut v = [p, here, n];
+        }
         v.sort_by(f64::total_cmp);
-        Some(v[1])
+        Some(v[MEDIAN_REACH])
     }
 
     /// The point forecast of λ at `t`: level × profile.

@@ -70,10 +70,10 @@ pub struct Args {
     /// admission.pauseWhileScaling of tidegate's pool (the API default is true).
     #[arg(long, default_value_t = true, action = clap::ArgAction::Set)]
     pub pause_while_scaling: bool,
-    /// scaling.forecast of tidegate's pool: true is Auto (the API default), false is Off.
+    /// scaling.forecast of tidegate's pool: true is Auto, false is Off (the API default).
     /// With it, a daily trace (tidal, holiday) is preceded by a tidal day the planner learns
     /// from, not counted.
-    #[arg(long, default_value_t = true, action = clap::ArgAction::Set)]
+    #[arg(long, default_value_t = false, action = clap::ArgAction::Set)]
     pub forecast: bool,
     /// The HPA baselines' utilization target (sensitivity: compare at equal attainment).
     #[arg(long, default_value_t = 0.7)]
@@ -182,7 +182,7 @@ fn simulate_file(
     for (changed, what) in [
         (args.target_utilization != 0.7, "--target-utilization"),
         (!args.pause_while_scaling, "--pause-while-scaling"),
-        (!args.forecast, "--forecast"),
+        (args.forecast, "--forecast"),
     ] {
         if changed {
             anyhow::bail!(

@@ -94,7 +94,7 @@ pub struct SimConfig {
     pub target_utilization: f64,
     /// admission.pauseWhileScaling of that pool (the API default is true).
     pub pause_while_scaling: bool,
-    /// scaling.forecast of that pool (the API default is Auto).
+    /// scaling.forecast of that pool: true is Auto (the API default is Off).
     pub forecast: bool,
     /// What tidegate's planner starts with (a day before it, for daily traces).
     pub planner_memory: Option<PlanMemory>,
@@ -135,7 +135,7 @@ impl SimConfig {
             },
             target_utilization: 0.7,
             pause_while_scaling: true,
-            forecast: true,
+            forecast: false,
             planner_memory: None,
         }
     }

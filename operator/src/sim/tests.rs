@@ -211,7 +211,10 @@ fn the_oracle_orders_ahead_of_the_flash_and_oracle_now_only_at_it() {
 fn the_day_before_teaches_the_forecast_and_a_holiday_costs_no_more() {
     // A tidal day learned, then a holiday at half its load: the forecast scales its profile
     // to the day (or stands aside), so the planner spends no more than the reactive one.
-    let cfg = SimConfig::new(2, 0.05);
+    let cfg = SimConfig {
+        forecast: true,
+        ..SimConfig::new(2, 0.05)
+    };
     let memory = day_before(TraceKind::Holiday, &cfg)
         .expect("runs")
         .expect("a daily trace has a day before");
