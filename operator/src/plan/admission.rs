@@ -15,7 +15,7 @@
 
 use tidegate_api::{AdmissionState, Duration, InferencePoolSpec, TierPolicySpec};
 
-use super::{AdmissionPlan, EventKind, EventPlan, MeasuredPlan, Millis};
+use super::{AdmissionPlan, EventKind, EventPlan, MeasuredPlan, Millis, Observation};
 
 /// How loaded the pool is, against the admission thresholds.
 #[derive(Clone, Debug, PartialEq)]
@@ -79,9 +79,25 @@ impl Constraint {
     }
 }
 
-/// State carried between ticks.
+/// What the pause depends on besides the pressure: whether capacity is constrained (at the
+/// ceiling, or ordered replicas still arriving), and since when.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct CapacityWatch {
+    /// Since when the pool has been constrained and over its pause threshold.
+    pub exhausted_since: Option<Millis>,
+    /// Since when the ceiling's replicas have been requested while some are not ready.
+    pub ceiling_not_ready_since: Option<Millis>,
+    /// Whether the ReplicasNotReady warning was emitted for that stretch.
+    pub ceiling_not_ready_warned: bool,
+    /// Since when fewer replicas are ready than the planner wants.
+    pub short_of_ready_since: Option<Millis>,
+}
+
+/// State carried between ticks: the admission state and everything its next step depends on.
 #[derive(Clone, Debug, Default, PartialEq)]
 pub struct AdmissionMachine {
+    /// Whether, and since when, capacity is constrained.
+    pub capacity: CapacityWatch,
     state: AdmissionState,
     since: Option<Millis>,
     reason: String,
@@ -101,6 +117,7 @@ impl AdmissionMachine {
         paused: Vec<String>,
     ) -> Self {
         AdmissionMachine {
+            capacity: CapacityWatch::default(),
             state,
             since,
             reason,
@@ -267,4 +284,63 @@ pub fn transition_event(a: &AdmissionPlan) -> EventPlan {
             note: a.reason.clone(),
         },
     }
+}
+
+/// Whether the pool is at its ceiling, for admission. At the ceiling means the ceiling's
+/// replicas are running *and ready*: while some are still starting, the queue they will
+/// drain is no reason to pause new tenants. Unless they have been starting for longer than
+/// a start-up may take (`engine.startupGracePeriod`, which the startup probe allows too):
+/// a pod not ready by then is most likely unschedulable or crashing, the ready ones are all
+/// the pool has, and a ReplicasNotReady warning says so once.
+pub(super) fn at_ceiling(
+    spec: &InferencePoolSpec,
+    obs: &Observation,
+    desired: i32,
+    ceil: i32,
+    watch: &mut CapacityWatch,
+    events: &mut Vec<EventPlan>,
+) -> bool {
+    let requested = desired >= ceil && obs.current_replicas >= ceil;
+    if !requested || obs.ready_replicas >= ceil {
+        watch.ceiling_not_ready_since = None;
+        watch.ceiling_not_ready_warned = false;
+        return requested;
+    }
+    let since = *watch.ceiling_not_ready_since.get_or_insert(obs.now);
+    let grace = spec.engine.startup_grace_period.as_std();
+    let overdue = u128::from(obs.now.saturating_sub(since)) >= grace.as_millis();
+    if overdue && !watch.ceiling_not_ready_warned {
+        watch.ceiling_not_ready_warned = true;
+        events.push(EventPlan {
+            kind: EventKind::Warning,
+            reason: "ReplicasNotReady",
+            note: format!(
+                "{} of {ceil} replicas not ready after {} at the ceiling: admission counts \
+                 the {} ready ones as the pool's capacity",
+                ceil - obs.ready_replicas,
+                spec.engine.startup_grace_period,
+                obs.ready_replicas
+            ),
+        });
+    }
+    overdue
+}
+
+/// Whether capacity the pool ordered is on its way: fewer replicas ready than it wants, for
+/// less than a start-up may take (`engine.startupGracePeriod`); a replica not ready after
+/// that is most likely unschedulable or crashing, not arriving. Only with
+/// `admission.pauseWhileScaling`.
+pub(super) fn capacity_arriving(
+    spec: &InferencePoolSpec,
+    obs: &Observation,
+    desired: i32,
+    watch: &mut CapacityWatch,
+) -> bool {
+    if desired <= obs.ready_replicas {
+        watch.short_of_ready_since = None;
+        return false;
+    }
+    let since = *watch.short_of_ready_since.get_or_insert(obs.now);
+    let grace = spec.engine.startup_grace_period.as_std().as_millis();
+    spec.admission.pause_while_scaling && u128::from(obs.now.saturating_sub(since)) < grace
 }

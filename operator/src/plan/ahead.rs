@@ -11,7 +11,7 @@ use tidegate_api::{ForecastMode, InferencePoolSpec};
 
 use super::forecast::Standing;
 use super::replicas::TOLERANCE;
-use super::{MeasuredPlan, Millis, PlanState};
+use super::{Basis, MeasuredPlan, Millis, PlanState};
 
 /// The horizon of the reported peak.
 const NEXT_HOUR_MS: u64 = 3_600_000;
@@ -91,11 +91,12 @@ pub fn forecast(
 
 /// The reactive requirement raised to the forecast's, when that is higher; a scale-down
 /// stops where the forecast, with the scale-down rule's tolerance, needs the replicas.
-pub fn raise(fp: &ForecastPlan, raw: i32, current: i32, why: String) -> (i32, String) {
+pub fn raise(fp: &ForecastPlan, raw: i32, current: i32, why: String) -> (i32, Basis, String) {
     let floor = fp.ahead_floor.unwrap_or(0).min(current);
     match fp.ahead_replicas {
         Some(n) if n > raw && n > current => (
             n,
+            Basis::Forecast,
             format!(
                 "{why}; early for the forecast: {:.0} steps/s within the {} lead time need {n} (error {:.0}%)",
                 fp.ahead_steps_per_second.unwrap_or_default(),
@@ -105,12 +106,13 @@ pub fn raise(fp: &ForecastPlan, raw: i32, current: i32, why: String) -> (i32, St
         ),
         _ if floor > raw => (
             floor,
+            Basis::ForecastHold,
             format!(
                 "{why}; held at {floor}: the forecast within the {} lead time needs them",
                 tidegate_api::Duration::from_millis(fp.lead_time_ms),
             ),
         ),
-        _ => (raw, why),
+        _ => (raw, Basis::Demand, why),
     }
 }
 

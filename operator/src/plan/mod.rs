@@ -102,16 +102,8 @@ pub struct PlanState {
     pub admission: AdmissionMachine,
     pub last_desired: Option<i32>,
     pub last_scale_time: Option<Millis>,
-    /// Since when the pool has been at its ceiling and over its SLO.
-    pub exhausted_since: Option<Millis>,
     /// Whether metrics were available at the previous tick (for transition events).
     pub metrics_were_available: Option<bool>,
-    /// Since when the ceiling's replicas have been requested while some are not ready.
-    pub ceiling_not_ready_since: Option<Millis>,
-    /// Whether the ReplicasNotReady warning was emitted for that stretch.
-    pub ceiling_not_ready_warned: bool,
-    /// Since when fewer replicas are ready than the planner wants.
-    pub short_of_ready_since: Option<Millis>,
     /// The demand forecast learned from this pool's history.
     pub forecast: Forecaster,
     /// How long this pool's replicas take to be ready once ordered.
@@ -133,11 +125,35 @@ pub struct EventPlan {
     pub note: String,
 }
 
+/// What a replica count rests on; `Decision::reason` says it in prose with the figures.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Basis {
+    /// The demand measured now (the reactive rule, with its queue-wait and starting-replica
+    /// refinements).
+    Demand,
+    /// The forecast's peak over the lead time: ordered early.
+    Forecast,
+    /// A scale-down stopped where the forecast over the lead time needs the replicas.
+    ForecastHold,
+    /// `replicas.manual` in Manual mode.
+    Manual,
+    /// Metrics missing or not yet there: the last decision (or the current count) held.
+    NoMetrics,
+    /// Requests held at the router while the pool has no engine.
+    ScaleFromZero,
+    /// Lifted to `replicas.min`.
+    Floor,
+    /// Cut to the ceiling (`replicas.max` or the GPU budget).
+    Ceiling,
+}
+
 /// A replica change decided this tick.
 #[derive(Clone, Debug, PartialEq)]
 pub struct Decision {
     pub from: i32,
     pub to: i32,
+    /// What the new count rests on.
+    pub basis: Basis,
     pub reason: String,
     /// False in Advisory mode: reported, not applied.
     pub applied: bool,
@@ -258,7 +274,11 @@ pub fn plan(
         current: obs.current_replicas,
         advisory: counts.advisory,
         constraint: gate.constraint,
-        exhausted_since: state.exhausted_since.filter(|_| gate.exhausted),
+        exhausted_since: state
+            .admission
+            .capacity
+            .exhausted_since
+            .filter(|_| gate.exhausted),
         ceiling_words: ceiling_words(spec),
         admission: &gate.admission,
     });
@@ -310,6 +330,7 @@ struct Counts {
     desired: i32,
     /// What the workload should run (the current count in Advisory mode).
     replicas: i32,
+    basis: Basis,
     why: String,
     advisory: bool,
 }
@@ -326,20 +347,21 @@ fn decide_replicas(
     let (now, current) = (obs.now, obs.current_replicas);
     let min = spec.replicas.min;
     let ceil = ceiling(spec).max(min);
-    let (wanted, why) = match (measured, spec.scaling.mode) {
+    let (wanted, basis, why) = match (measured, spec.scaling.mode) {
         (_, ScalingMode::Manual) => {
             let manual = spec.replicas.manual.unwrap_or(current).clamp(min, ceil);
-            (manual, format!("manual mode holds {manual} replicas"))
+            let why = format!("manual mode holds {manual} replicas");
+            (manual, Basis::Manual, why)
         }
         (Some(m), _) => {
             let (raw, why) = replicas::required(spec, m, current, obs.ready_replicas, ceil);
-            let (raw, why) = match forecast {
+            let (raw, basis, why) = match forecast {
                 Some(f) => ahead::raise(f, raw, current, why),
-                None => (raw, why),
+                None => (raw, Basis::Demand, why),
             };
             state.recommendations.record(now, raw);
             let stabilized = replicas::stabilize(spec, &state.recommendations, now, current, raw);
-            (stabilized, why)
+            (stabilized, basis, why)
         }
         (None, _) => {
             // Fail static: hold the last decision (or the current count), only lifting it
@@ -353,29 +375,35 @@ fn decide_replicas(
             } else {
                 "no metrics yet"
             };
-            (hold, why.to_string())
+            (hold, Basis::NoMetrics, why.to_string())
         }
     };
     // Scale from zero: held requests are demand no engine can measure, and the first
     // replica is what serves them.
-    let (wanted, why) = if obs.held_requests > 0 && current == 0 && wanted < 1 {
+    let (wanted, basis, why) = if obs.held_requests > 0 && current == 0 && wanted < 1 {
         let why = format!(
             "{} request(s) held at the router while the pool has no engine: scaling from zero",
             obs.held_requests
         );
-        (1, why)
+        (1, Basis::ScaleFromZero, why)
     } else {
-        (wanted, why)
+        (wanted, basis, why)
     };
     let desired = wanted.clamp(min, ceil);
     // A count lifted to the floor (or cut to the ceiling) says so, not what it was lifted from:
     // a new pool's first replicas are replicas.min, not a held decision.
-    let why = if desired > wanted {
-        format!("raised to replicas.min {min} ({why})")
+    let (basis, why) = if desired > wanted {
+        (
+            Basis::Floor,
+            format!("raised to replicas.min {min} ({why})"),
+        )
     } else if desired < wanted {
-        format!("capped at the ceiling {ceil} ({why})")
+        (
+            Basis::Ceiling,
+            format!("capped at the ceiling {ceil} ({why})"),
+        )
     } else {
-        why
+        (basis, why)
     };
     let advisory = spec.scaling.mode == ScalingMode::Advisory;
     state.last_desired = Some(desired);
@@ -384,6 +412,7 @@ fn decide_replicas(
         // Advisory never acts; it only keeps the declared floor (a pool with no pods
         // measures nothing).
         replicas: if advisory { current.max(min) } else { desired },
+        basis,
         why,
         advisory,
     }
@@ -401,6 +430,7 @@ fn record_decision(
     let decision = (counts.desired != current).then(|| Decision {
         from: current,
         to: counts.desired,
+        basis: counts.basis,
         reason: counts.why.clone(),
         applied: !counts.advisory,
     });
@@ -455,9 +485,10 @@ fn decide_admission(
 ) -> Gate {
     let now = obs.now;
     let ceil = ceiling(spec).max(spec.replicas.min);
-    let constraint = if at_ceiling(spec, obs, counts.desired, ceil, state, events) {
+    let watch = &mut state.admission.capacity;
+    let constraint = if admission::at_ceiling(spec, obs, counts.desired, ceil, watch, events) {
         Constraint::Ceiling
-    } else if capacity_arriving(spec, obs, counts.desired, state) {
+    } else if admission::capacity_arriving(spec, obs, counts.desired, watch) {
         Constraint::Arriving
     } else {
         Constraint::None
@@ -466,9 +497,9 @@ fn decide_admission(
     let over = pressure.as_ref().is_some_and(|p| p.over_pause(spec));
     let exhausted = constraint != Constraint::None && over;
     if exhausted {
-        state.exhausted_since.get_or_insert(now);
+        state.admission.capacity.exhausted_since.get_or_insert(now);
     } else if measured.is_some() {
-        state.exhausted_since = None;
+        state.admission.capacity.exhausted_since = None;
     }
     let may_act = !counts.advisory && spec.admission.enabled;
     let before = state.admission.state();
@@ -496,65 +527,6 @@ fn decide_admission(
         constraint,
         exhausted,
     }
-}
-
-/// Whether the pool is at its ceiling, for admission. At the ceiling means the ceiling's
-/// replicas are running *and ready*: while some are still starting, the queue they will
-/// drain is no reason to pause new tenants. Unless they have been starting for longer than
-/// a start-up may take (`engine.startupGracePeriod`, which the startup probe allows too):
-/// a pod not ready by then is most likely unschedulable or crashing, the ready ones are all
-/// the pool has, and a ReplicasNotReady warning says so once.
-fn at_ceiling(
-    spec: &InferencePoolSpec,
-    obs: &Observation,
-    desired: i32,
-    ceil: i32,
-    state: &mut PlanState,
-    events: &mut Vec<EventPlan>,
-) -> bool {
-    let requested = desired >= ceil && obs.current_replicas >= ceil;
-    if !requested || obs.ready_replicas >= ceil {
-        state.ceiling_not_ready_since = None;
-        state.ceiling_not_ready_warned = false;
-        return requested;
-    }
-    let since = *state.ceiling_not_ready_since.get_or_insert(obs.now);
-    let grace = spec.engine.startup_grace_period.as_std();
-    let overdue = u128::from(obs.now.saturating_sub(since)) >= grace.as_millis();
-    if overdue && !state.ceiling_not_ready_warned {
-        state.ceiling_not_ready_warned = true;
-        events.push(EventPlan {
-            kind: EventKind::Warning,
-            reason: "ReplicasNotReady",
-            note: format!(
-                "{} of {ceil} replicas not ready after {} at the ceiling: admission counts \
-                 the {} ready ones as the pool's capacity",
-                ceil - obs.ready_replicas,
-                spec.engine.startup_grace_period,
-                obs.ready_replicas
-            ),
-        });
-    }
-    overdue
-}
-
-/// Whether capacity the pool ordered is on its way: fewer replicas ready than it wants, for
-/// less than a start-up may take (`engine.startupGracePeriod`); a replica not ready after
-/// that is most likely unschedulable or crashing, not arriving. Only with
-/// `admission.pauseWhileScaling`.
-fn capacity_arriving(
-    spec: &InferencePoolSpec,
-    obs: &Observation,
-    desired: i32,
-    state: &mut PlanState,
-) -> bool {
-    if desired <= obs.ready_replicas {
-        state.short_of_ready_since = None;
-        return false;
-    }
-    let since = *state.short_of_ready_since.get_or_insert(obs.now);
-    let grace = spec.engine.startup_grace_period.as_std().as_millis();
-    spec.admission.pause_while_scaling && u128::from(obs.now.saturating_sub(since)) < grace
 }
 
 /// Metrics that are present and fresh enough to act on.

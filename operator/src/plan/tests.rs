@@ -808,7 +808,7 @@ fn held_requests_scale_an_empty_pool_from_zero_and_nothing_else_does() {
     let p = super::plan(&spec(0, 5), Some(&tiers()), &obs(3), &mut state);
     assert_eq!(p.replicas, 1);
     let d = p.decision.expect("a decision");
-    assert!(d.reason.contains("scaling from zero"), "{}", d.reason);
+    assert_eq!(d.basis, Basis::ScaleFromZero, "{}", d.reason);
 }
 
 #[test]
@@ -923,8 +923,7 @@ fn the_second_day_of_a_steep_morning_is_planned_ahead() {
                 early += plan
                     .decision
                     .as_ref()
-                    .is_some_and(|d| d.reason.contains("early for the forecast"))
-                    as usize;
+                    .is_some_and(|d| d.basis == Basis::Forecast) as usize;
                 late_ticks += (ready < needed) as usize;
             }
             pool.plans.push(plan);
@@ -948,4 +947,24 @@ fn the_second_day_of_a_steep_morning_is_planned_ahead() {
         late_auto < late_off,
         "short {late_auto} ticks in Auto, {late_off} in Off"
     );
+}
+
+#[test]
+fn decisions_say_what_they_rest_on() {
+    let basis = |p: &Plan| p.decision.as_ref().map(|d| d.basis);
+    // Below the floor: lifted to replicas.min.
+    let mut pool = Pool::new(spec(2, 4));
+    assert_eq!(basis(pool.tick(0.0)), Some(Basis::Floor));
+    // Demand beyond the ceiling: cut to it.
+    let mut pool = Pool::new(spec(1, 2));
+    assert_eq!(basis(pool.tick(500.0)), Some(Basis::Ceiling));
+    // Demand within the bounds: the demand now.
+    let mut pool = Pool::new(spec(1, 20));
+    assert_eq!(basis(pool.tick(100.0)), Some(Basis::Demand));
+    // Manual mode: replicas.manual.
+    let mut manual = spec(1, 10);
+    manual.scaling.mode = ScalingMode::Manual;
+    manual.replicas.manual = Some(5);
+    let mut pool = Pool::new(manual);
+    assert_eq!(basis(pool.tick(0.0)), Some(Basis::Manual));
 }
