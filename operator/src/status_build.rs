@@ -70,6 +70,7 @@ pub fn build(
                 time: to_time(now),
                 from: d.from,
                 to: d.to,
+                basis: Some(d.basis.name().to_string()),
                 reason: d.reason.clone(),
                 applied: d.applied,
             },

@@ -513,6 +513,7 @@ impl Scenario {
                     );
                     let d = &s["recentDecisions"][0];
                     assert_eq!((d["from"].as_i64(), d["to"].as_i64()), (Some(2), Some(3)));
+                    assert_eq!(d["basis"], "Ceiling", "{d}");
                 }));
             }
             Scenario::TierPolicyMissing => {

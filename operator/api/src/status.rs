@@ -155,6 +155,11 @@ pub struct ScalingDecision {
     pub from: i32,
     /// Replicas after (or recommended, in Advisory mode).
     pub to: i32,
+    /// What the new count rests on: Demand, Forecast, ForecastHold, Manual, NoMetrics,
+    /// ScaleFromZero, Floor or Ceiling (absent in decisions an older operator wrote).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(max = 32))]
+    pub basis: Option<String>,
     /// Why, in words.
     pub reason: String,
     /// Whether it was applied (false in Advisory mode).

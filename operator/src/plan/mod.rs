@@ -147,6 +147,33 @@ pub enum Basis {
     Ceiling,
 }
 
+impl Basis {
+    pub const ALL: [Basis; 8] = [
+        Basis::Demand,
+        Basis::Forecast,
+        Basis::ForecastHold,
+        Basis::Manual,
+        Basis::NoMetrics,
+        Basis::ScaleFromZero,
+        Basis::Floor,
+        Basis::Ceiling,
+    ];
+
+    /// The name in `status.recentDecisions[].basis`: part of the API, never renamed.
+    pub fn name(self) -> &'static str {
+        match self {
+            Basis::Demand => "Demand",
+            Basis::Forecast => "Forecast",
+            Basis::ForecastHold => "ForecastHold",
+            Basis::Manual => "Manual",
+            Basis::NoMetrics => "NoMetrics",
+            Basis::ScaleFromZero => "ScaleFromZero",
+            Basis::Floor => "Floor",
+            Basis::Ceiling => "Ceiling",
+        }
+    }
+}
+
 /// A replica change decided this tick.
 #[derive(Clone, Debug, PartialEq)]
 pub struct Decision {

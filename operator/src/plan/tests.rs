@@ -950,6 +950,20 @@ fn the_second_day_of_a_steep_morning_is_planned_ahead() {
 }
 
 #[test]
+fn basis_names_are_distinct_and_fit_the_schema() {
+    let names: Vec<&str> = Basis::ALL.iter().map(|b| b.name()).collect();
+    for (i, n) in names.iter().enumerate() {
+        assert!(!names[..i].contains(n), "{n} twice");
+        assert!(n.len() <= 32, "{n}");
+        assert_eq!(
+            format!("{:?}", Basis::ALL[i]),
+            *n,
+            "names follow the variants"
+        );
+    }
+}
+
+#[test]
 fn decisions_say_what_they_rest_on() {
     let basis = |p: &Plan| p.decision.as_ref().map(|d| d.basis);
     // Below the floor: lifted to replicas.min.
