@@ -1,4 +1,5 @@
-//! tidegate-engine binary: parses the command line and calls into the library.
+//! tidegate-engine binary: parses the command line and calls into the engine crates (serve:
+//! `tidegate_server`, route: `tidegate_router`, the benchmarks: `tidegate_bench`).
 
 use std::path::PathBuf;
 
@@ -13,11 +14,11 @@ struct Cli {
     /// default is the best this CPU has that passes its start-up check. For comparing
     /// kernels on one machine.
     #[arg(long, global = true, env = "TIDEGATE_CPU_KERNELS", value_parser = parse_kernels)]
-    cpu_kernels: Option<tidegate_engine::kernels::quant::Isa>,
+    cpu_kernels: Option<tidegate_runner::kernels::quant::Isa>,
 }
 
-fn parse_kernels(s: &str) -> Result<tidegate_engine::kernels::quant::Isa, String> {
-    use tidegate_engine::kernels::quant::{Isa, set_cap};
+fn parse_kernels(s: &str) -> Result<tidegate_runner::kernels::quant::Isa, String> {
+    use tidegate_runner::kernels::quant::{Isa, set_cap};
     let isa = Isa::from_name(s)
         .ok_or_else(|| "expected one of avx512-vnni, avx-vnni, avx2, portable".to_string())?;
     set_cap(isa)?;
@@ -27,13 +28,13 @@ fn parse_kernels(s: &str) -> Result<tidegate_engine::kernels::quant::Isa, String
 #[derive(Subcommand)]
 enum Command {
     /// Serve a model over the OpenAI-compatible HTTP API (with admin API and /metrics).
-    Serve(Box<tidegate_engine::server::cli::ServeArgs>),
+    Serve(Box<tidegate_server::cli::ServeArgs>),
     /// Route a pool's traffic to its engines: KV-affine, pool-wide admission, tier queue.
-    Route(Box<tidegate_engine::router::cli::RouteArgs>),
+    Route(Box<tidegate_router::cli::RouteArgs>),
     /// Benchmark a running router: returning-session TTFT, added latency, overload memory.
-    BenchRouter(tidegate_engine::router::bench::BenchRouterArgs),
+    BenchRouter(tidegate_bench::router::BenchRouterArgs),
     /// Offer a multiple of an engine's measured capacity; report refusals, queue wait, RSS.
-    OverloadBench(tidegate_engine::bench::BenchArgs),
+    OverloadBench(tidegate_bench::overload::BenchArgs),
     /// Write a tiny random-weight Llama (safetensors + config.json + tokenizer.json).
     GenRandomModel {
         /// Output directory (created).
@@ -44,9 +45,9 @@ enum Command {
         seed: u64,
     },
     /// Micro-benchmark of the model runner: copy bandwidth, batch-1 roofline, decode tok/s.
-    BenchModel(tidegate_engine::bench_model::BenchArgs),
+    BenchModel(tidegate_bench::model_runner::BenchArgs),
     /// Benchmark the engine loop: tok/s, TTFT and ITL by concurrency, roofline, session restore.
-    Bench(tidegate_engine::engine_loop::bench::BenchArgs),
+    Bench(tidegate_bench::engine_loop::BenchArgs),
     /// Greedy chat completion of one prompt (a smoke test of model + tokenizer).
     Chat {
         /// Model path: a .gguf file, or a directory with a .gguf or Hugging Face files.
@@ -64,12 +65,12 @@ enum Command {
 fn main() -> anyhow::Result<()> {
     // The cap is set while parsing (`parse_kernels`), before any kernel runs.
     match Cli::parse().command {
-        Command::Serve(args) => tidegate_engine::server::cli::run(*args)?,
-        Command::Route(args) => tidegate_engine::router::cli::run(*args)?,
-        Command::BenchRouter(args) => tidegate_engine::router::bench::run(&args)?,
-        Command::OverloadBench(args) => tidegate_engine::bench::run(args)?,
+        Command::Serve(args) => tidegate_server::cli::run(*args)?,
+        Command::Route(args) => tidegate_router::cli::run(*args)?,
+        Command::BenchRouter(args) => tidegate_bench::router::run(&args)?,
+        Command::OverloadBench(args) => tidegate_bench::overload::run(args)?,
         Command::GenRandomModel { out, seed } => {
-            let cfg = tidegate_engine::model::random::write_random_model(&out, seed)?;
+            let cfg = tidegate_runner::model::random::write_random_model(&out, seed)?;
             println!(
                 "wrote {} ({} layers, hidden {}, vocab {})",
                 out.display(),
@@ -78,14 +79,14 @@ fn main() -> anyhow::Result<()> {
                 cfg.vocab_size
             );
         }
-        Command::Bench(args) => tidegate_engine::engine_loop::bench::run(&args)?,
-        Command::BenchModel(args) => tidegate_engine::bench_model::run(&args)?,
+        Command::Bench(args) => tidegate_bench::engine_loop::run(&args)?,
+        Command::BenchModel(args) => tidegate_bench::model_runner::run(&args)?,
         Command::Chat {
             model,
             prompt,
             max_tokens,
         } => {
-            let answer = tidegate_engine::generate::chat_once(&model, &prompt, max_tokens)?;
+            let answer = tidegate_runner::generate::chat_once(&model, &prompt, max_tokens)?;
             println!("{answer}");
         }
     }

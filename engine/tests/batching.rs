@@ -7,9 +7,9 @@
 
 mod common;
 
-use tidegate_engine::model::Llama;
-use tidegate_engine::runner::{PackedRunner, RunnerConfig, SeqChunk, WeightChoice};
-use tidegate_engine::sampling::argmax;
+use tidegate_runner::model::Llama;
+use tidegate_runner::sampling::argmax;
+use tidegate_runner::{PackedRunner, RunnerConfig, SeqChunk, WeightChoice};
 
 const TOL: f32 = 1e-4;
 
@@ -324,7 +324,7 @@ fn bad_batches_are_refused() {
 
 #[test]
 fn offloaded_blocks_restore_exactly() {
-    use tidegate_engine::block_io::BlockIo;
+    use tidegate_kv::block_io::BlockIo;
     let files = common::random_model();
     let rc = RunnerConfig {
         block_size: 4,
@@ -392,7 +392,7 @@ fn offloaded_blocks_restore_exactly() {
 
 #[test]
 fn shared_prefix_blocks_are_reused_and_copy_on_write_works() {
-    use tidegate_engine::block_io::BlockIo;
+    use tidegate_kv::block_io::BlockIo;
     let files = common::random_model();
     let rc = RunnerConfig {
         block_size: 4,

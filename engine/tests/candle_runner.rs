@@ -9,12 +9,12 @@ mod common;
 
 use candle_core::{DType, Device};
 use serde::Deserialize;
-use tidegate_engine::block_io::BlockIo;
-use tidegate_engine::generate::generate_greedy;
-use tidegate_engine::model::{ChatMessage, Llama, ModelFiles, chat_prompt};
-use tidegate_engine::runner::candle::CandleRunner;
-use tidegate_engine::runner::{DeviceChoice, ModelRunner, RunnerConfig, SeqChunk};
-use tidegate_engine::sampling::argmax;
+use tidegate_kv::block_io::BlockIo;
+use tidegate_runner::candle::CandleRunner;
+use tidegate_runner::generate::generate_greedy;
+use tidegate_runner::model::{ChatMessage, Llama, ModelFiles, chat_prompt};
+use tidegate_runner::sampling::argmax;
+use tidegate_runner::{DeviceChoice, ModelRunner, RunnerConfig, SeqChunk};
 
 /// Paged vs dense, batched vs sequential, chunked vs one-shot: the same f32 arithmetic up to
 /// reassociation.

@@ -10,12 +10,12 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use tidegate_api::TierPolicySpec;
-use tidegate_engine::backend::{
+use tidegate_runner::echo::EchoConfig;
+use tidegate_server::backend::{
     Admitted, ChatMessage, Engine, FinishReason, GenerateRequest, SubmitError, TokenEvent, Usage,
 };
-use tidegate_engine::engine_loop::{LoopConfig, LoopEngine};
-use tidegate_engine::metrics::Metrics;
-use tidegate_engine::runner::echo::EchoConfig;
+use tidegate_server::engine_loop::{LoopConfig, LoopEngine};
+use tidegate_server::metrics::Metrics;
 
 async fn echo_engine(config: LoopConfig, step: Duration, metrics: Arc<Metrics>) -> Arc<LoopEngine> {
     let echo = EchoConfig {

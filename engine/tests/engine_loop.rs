@@ -15,13 +15,14 @@ use std::time::Duration;
 
 use serde_json::{Value, json};
 use tidegate_api::engine_admin::EnginePolicy;
-use tidegate_engine::backend::Engine;
-use tidegate_engine::engine_loop::{LoopConfig, LoopEngine};
-use tidegate_engine::metrics::Metrics;
-use tidegate_engine::model::ModelFiles;
-use tidegate_engine::runner::echo::EchoConfig;
-use tidegate_engine::runner::{DeviceChoice, Placement, RunnerChoice};
-use tidegate_engine::server::{self, AdminAuth, RunningServer, ServerConfig};
+use tidegate_http::auth::AdminAuth;
+use tidegate_runner::echo::EchoConfig;
+use tidegate_runner::model::ModelFiles;
+use tidegate_runner::{DeviceChoice, Placement, RunnerChoice};
+use tidegate_server::api::{self as server, RunningServer, ServerConfig};
+use tidegate_server::backend::Engine;
+use tidegate_server::engine_loop::{LoopConfig, LoopEngine};
+use tidegate_server::metrics::Metrics;
 use tokio::net::TcpListener;
 
 struct Harness {

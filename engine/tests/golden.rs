@@ -7,8 +7,8 @@ mod common;
 
 use candle_core::Tensor;
 use serde::Deserialize;
-use tidegate_engine::model::Llama;
-use tidegate_engine::runner::{PackedRunner, RunnerConfig, SeqChunk};
+use tidegate_runner::model::Llama;
+use tidegate_runner::{PackedRunner, RunnerConfig, SeqChunk};
 
 #[derive(Deserialize)]
 struct Golden {

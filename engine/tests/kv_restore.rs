@@ -19,11 +19,11 @@ use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use serde_json::{Value, json};
-use tidegate_engine::engine_loop::LoopConfig;
-use tidegate_engine::metrics::Metrics;
-use tidegate_engine::model::ModelFiles;
-use tidegate_engine::runner::{DeviceChoice, Placement, RunnerChoice};
-use tidegate_engine::server::{self, RunningServer, ServerConfig};
+use tidegate_runner::model::ModelFiles;
+use tidegate_runner::{DeviceChoice, Placement, RunnerChoice};
+use tidegate_server::api::{self as server, RunningServer, ServerConfig};
+use tidegate_server::engine_loop::LoopConfig;
+use tidegate_server::metrics::Metrics;
 use tokio::net::TcpListener;
 
 struct Harness {

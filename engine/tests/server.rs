@@ -12,12 +12,13 @@ use serde_json::{Value, json};
 use std::sync::Arc;
 use tidegate_api::engine_admin::{AdmissionPush, AdmissionState, ApiKeyEntry, EnginePolicy};
 
-use tidegate_engine::backend::Engine;
-use tidegate_engine::engine_loop::{LoopConfig, LoopEngine};
-use tidegate_engine::metrics::Metrics;
-use tidegate_engine::runner::echo::EchoConfig;
-use tidegate_engine::server::{self, AdminAuth, RunningServer, ServerConfig};
-use tidegate_engine::tenancy::sha256_hex;
+use tidegate_http::auth::AdminAuth;
+use tidegate_http::tenancy::sha256_hex;
+use tidegate_runner::echo::EchoConfig;
+use tidegate_server::api::{self as server, RunningServer, ServerConfig};
+use tidegate_server::backend::Engine;
+use tidegate_server::engine_loop::{LoopConfig, LoopEngine};
+use tidegate_server::metrics::Metrics;
 use tokio::net::TcpListener;
 
 mod bad_requests;

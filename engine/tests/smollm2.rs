@@ -4,7 +4,7 @@
 
 mod common;
 
-use tidegate_engine::generate::chat_once;
+use tidegate_runner::generate::chat_once;
 
 #[test]
 fn smollm2_knows_the_capital_of_france() {

@@ -4,7 +4,7 @@
 
 mod common;
 
-use tidegate_engine::model::{ChatMessage, ModelFiles, TextStream, Tokenizer, chat_prompt};
+use tidegate_runner::model::{ChatMessage, ModelFiles, TextStream, Tokenizer, chat_prompt};
 
 const TEXTS: &[&str] = &[
     "Hello",

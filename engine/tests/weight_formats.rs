@@ -35,9 +35,9 @@
 
 mod common;
 
-use tidegate_engine::model::ModelFiles;
-use tidegate_engine::runner::{PackedRunner, RunnerConfig, SeqChunk, WeightChoice};
-use tidegate_engine::sampling::argmax;
+use tidegate_runner::model::ModelFiles;
+use tidegate_runner::sampling::argmax;
+use tidegate_runner::{PackedRunner, RunnerConfig, SeqChunk, WeightChoice};
 
 /// Logits of the prompt's last token, then of `steps` greedy decode steps (tokens chosen by
 /// the f32 path when `follow` is given, so every format sees the same inputs).

@@ -10,12 +10,12 @@ use std::path::{Path, PathBuf};
 use k8s_openapi::api::core::v1::Container;
 use tidegate_api::engine_launch::{self as launch, whole_seconds};
 use tidegate_api::{InferencePool, InferencePoolSpec};
-use tidegate_engine::runner::DeviceChoice;
-use tidegate_engine::server::cli::{ServeArgs, parse_serve, serve_command};
 use tidegate_operator::k8s::deployment::{KV_OFFLOAD_MOUNT, model_location, pod_template};
 use tidegate_operator::local::files::load_manifests;
 use tidegate_operator::local::runtime::{LocalRuntime, LocalRuntimeConfig};
 use tidegate_operator::ports::PoolRef;
+use tidegate_runner::DeviceChoice;
+use tidegate_server::cli::{ServeArgs, parse_serve, serve_command};
 
 fn repo() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR"))
@@ -316,7 +316,7 @@ struct RouterBinary {
 
 #[derive(clap::Subcommand)]
 enum RouterCmd {
-    Route(tidegate_engine::router::cli::RouteArgs),
+    Route(tidegate_router::cli::RouteArgs),
 }
 
 /// Every variable the router reads.

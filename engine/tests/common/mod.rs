@@ -7,11 +7,11 @@ use std::path::PathBuf;
 use std::sync::{Arc, OnceLock};
 use std::time::Duration;
 
-use tidegate_engine::backend::Engine;
-use tidegate_engine::engine_loop::{LoopConfig, LoopEngine};
-use tidegate_engine::metrics::Metrics;
-use tidegate_engine::model::ModelFiles;
-use tidegate_engine::model::random::write_random_model;
+use tidegate_runner::model::ModelFiles;
+use tidegate_runner::model::random::write_random_model;
+use tidegate_server::backend::Engine;
+use tidegate_server::engine_loop::{LoopConfig, LoopEngine};
+use tidegate_server::metrics::Metrics;
 
 /// Directory holding the seed-42 random model (created on first use).
 pub fn random_model_dir() -> PathBuf {

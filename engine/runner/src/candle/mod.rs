@@ -1,0 +1,361 @@
+//! The device runner on candle tensors (`--runner candle`): the same forward pass as the
+//! packed runner (RMSNorm, half-split RoPE, grouped-query paged attention, SwiGLU), written
+//! with candle ops so it runs on `Device::Cpu` and, with the `cuda` feature, on
+//! `Device::Cuda` (cuBLAS matmuls). Weights are bf16 on CUDA and f32 on the CPU
+//! ([`super::select::candle_dtype`] says why); the KV pool is block tensors on the device
+//! ([`kv_pool`]); a step is one batched pass over mixed prefill chunks and decode rows.
+//!
+//! Numerics: projections and attention matmuls run in the weight dtype; the residual stream,
+//! the norms, RoPE and the softmax run in f32; logits come back to the host in f32 and are
+//! sampled there.
+//!
+//! Invariants: as every [`ModelRunner`] (see the runner module note); nothing a step does
+//! allocates in or copies the KV pool, and only the wanted logits rows leave the device.
+
+mod attention;
+pub mod kv_pool;
+mod weights;
+
+use candle_core::{D, DType, Device, Tensor};
+
+use super::select::{DeviceChoice, candle_dtype, open_device};
+use super::{ModelRunner, RunnerConfig, SeqChunk, StepLogits, validate_batch};
+use crate::error::{Error, Result};
+use crate::model::{LlamaConfig, ModelFiles, Weights};
+use attention::{AttnPlan, Heads};
+use kv_pool::{DeviceKv, PoolShape};
+use tidegate_kv::block_io::{BlockIo, BlockIoError};
+use tidegate_kv::kv_sizing::Mib;
+use weights::DeviceModel;
+
+/// Weights and KV pool on a candle device, and the forward pass over them.
+#[derive(Debug)]
+pub struct CandleRunner {
+    cfg: LlamaConfig,
+    device: Device,
+    dtype: DType,
+    model: DeviceModel,
+    kv: DeviceKv,
+}
+
+/// What one step uploads once and every layer reads.
+struct StepInputs {
+    ids: Tensor,
+    cos: Tensor,
+    sin: Tensor,
+    slots: Tensor,
+    attn: AttnPlan,
+    /// Rows whose logits are wanted, in batch order.
+    last_rows: Vec<u32>,
+}
+
+impl CandleRunner {
+    /// Loads `files` onto `device` (bf16 on CUDA, f32 on the CPU) and allocates the pool.
+    pub fn new(files: &ModelFiles, rc: RunnerConfig, device: DeviceChoice) -> Result<Self> {
+        let dtype = candle_dtype(device);
+        let device = open_device(device)?;
+        Self::with_dtype(&files.weights, &files.config, rc, &device, dtype)
+    }
+
+    /// As [`CandleRunner::new`] on an open device with an explicit dtype (tests run the bf16
+    /// path on the CPU).
+    pub fn with_dtype(
+        w: &Weights,
+        cfg: &LlamaConfig,
+        rc: RunnerConfig,
+        device: &Device,
+        dtype: DType,
+    ) -> Result<Self> {
+        rc.check()?;
+        let model = DeviceModel::load(w, cfg, dtype, device)?;
+        Self::with_model(model, cfg, rc, device, dtype)
+    }
+
+    /// Random weights of `cfg`'s shapes made on `device` in its dtype (`bench
+    /// --random-config`): the same forward pass and pool as a loaded model, no files.
+    pub fn random(cfg: &LlamaConfig, rc: RunnerConfig, device: DeviceChoice) -> Result<Self> {
+        rc.check()?;
+        cfg.validate()?;
+        let dtype = candle_dtype(device);
+        let at = device;
+        let device = open_device(device)?;
+        let model = DeviceModel::random(cfg, dtype, &device).map_err(|e| {
+            Error::Placement(format!(
+                "making random weights on {at} ({} in {}): {e}",
+                Mib(device_weight_bytes(cfg, dtype)),
+                dtype.as_str()
+            ))
+        })?;
+        Self::with_model(model, cfg, rc, &device, dtype)
+    }
+
+    fn with_model(
+        model: DeviceModel,
+        cfg: &LlamaConfig,
+        rc: RunnerConfig,
+        device: &Device,
+        dtype: DType,
+    ) -> Result<Self> {
+        let shape = Self::pool_shape(cfg, rc);
+        // A pool that does not fit fails here, at start; say how much it asked for.
+        let kv = DeviceKv::new(shape, dtype, device).map_err(|e| {
+            Error::Placement(format!(
+                "allocating the KV pool on the device: {} blocks x {} bytes = {} \
+                 (weights already hold {}): {e}",
+                rc.num_blocks,
+                shape.block_bytes(dtype),
+                Mib((rc.num_blocks * shape.block_bytes(dtype)) as u64),
+                Mib(model.weight_bytes() as u64),
+            ))
+        })?;
+        Ok(CandleRunner {
+            cfg: cfg.clone(),
+            device: device.clone(),
+            dtype,
+            model,
+            kv,
+        })
+    }
+
+    fn pool_shape(cfg: &LlamaConfig, rc: RunnerConfig) -> PoolShape {
+        PoolShape {
+            layers: cfg.num_hidden_layers,
+            kv_heads: cfg.kv_heads(),
+            head_dim: cfg.head_dim(),
+            block_size: rc.block_size,
+            num_blocks: rc.num_blocks,
+        }
+    }
+
+    /// Bytes of one KV block for `cfg` in `dtype` (to size a pool from a byte budget).
+    pub fn block_bytes_for(cfg: &LlamaConfig, block_size: usize, dtype: DType) -> usize {
+        let rc = RunnerConfig {
+            block_size,
+            num_blocks: 1,
+        };
+        Self::pool_shape(cfg, rc).block_bytes(dtype)
+    }
+
+    /// Weight bytes on the device.
+    pub fn weight_bytes(&self) -> usize {
+        self.model.weight_bytes()
+    }
+
+    /// The weight dtype.
+    pub fn dtype(&self) -> DType {
+        self.dtype
+    }
+
+    fn inputs(&self, batch: &[SeqChunk<'_>]) -> Result<StepInputs> {
+        let bs = self.kv.shape().block_size;
+        let hd = self.cfg.head_dim();
+        let half = hd / 2;
+        let mut ids = Vec::new();
+        let mut slots = Vec::new();
+        let mut cos = Vec::new();
+        let mut sin = Vec::new();
+        let mut last_rows = Vec::new();
+        for c in batch {
+            for (i, &t) in c.tokens.iter().enumerate() {
+                let pos = c.start_pos + i;
+                ids.push(t);
+                slots.push(c.block_table[pos / bs] * bs as u32 + (pos % bs) as u32);
+                // f64 angles: positions far into a long context keep their precision.
+                for _ in 0..2 {
+                    for j in 0..half {
+                        let freq = 1.0 / self.cfg.rope_theta.powf(2.0 * j as f64 / hd as f64);
+                        let a = pos as f64 * freq;
+                        cos.push(a.cos() as f32);
+                        sin.push(a.sin() as f32);
+                    }
+                }
+            }
+            if c.want_logits {
+                last_rows.push((ids.len() - 1) as u32);
+            }
+        }
+        let t = ids.len();
+        let dev = &self.device;
+        Ok(StepInputs {
+            ids: Tensor::from_vec(ids, t, dev)?,
+            cos: Tensor::from_vec(cos, (t, 1, hd), dev)?,
+            sin: Tensor::from_vec(sin, (t, 1, hd), dev)?,
+            slots: self.kv.slot_index(&slots)?,
+            attn: AttnPlan::new(batch, bs, dev)?,
+            last_rows,
+        })
+    }
+
+    fn forward(&self, batch: &[SeqChunk<'_>]) -> Result<StepLogits> {
+        let inp = self.inputs(batch)?;
+        let cfg = &self.cfg;
+        let (h, hd) = (cfg.hidden_size, cfg.head_dim());
+        let kvd = cfg.kv_heads() * hd;
+        let heads = Heads {
+            heads: cfg.num_attention_heads,
+            kv_heads: cfg.kv_heads(),
+            head_dim: hd,
+        };
+        let t = inp.ids.dim(0)?;
+        let eps = cfg.rms_norm_eps;
+        let mut x = self
+            .model
+            .embed
+            .index_select(&inp.ids, 0)?
+            .to_dtype(DType::F32)?;
+        for (li, layer) in self.model.layers.iter().enumerate() {
+            let hn = rms_norm(&x, &layer.attn_norm, eps)?.to_dtype(self.dtype)?;
+            let qkv = hn.matmul(&layer.wqkv.t()?)?;
+            let rope = |from: usize, n: usize| -> Result<Tensor> {
+                let part = qkv.narrow(1, from, n * hd)?.to_dtype(DType::F32)?;
+                apply_rope(&part.reshape((t, n, hd))?, &inp.cos, &inp.sin)
+            };
+            let q = rope(0, heads.heads)?.to_dtype(self.dtype)?;
+            let k = rope(h, heads.kv_heads)?
+                .to_dtype(self.dtype)?
+                .reshape((t, kvd))?;
+            let v = qkv.narrow(1, h + kvd, kvd)?.contiguous()?;
+            self.kv.write(li, &inp.slots, &k, &v)?;
+            let attn = inp.attn.attend(&self.kv, li, &q, heads)?;
+            x = (x + attn.matmul(&layer.wo.t()?)?.to_dtype(DType::F32)?)?;
+            let hn = rms_norm(&x, &layer.ffn_norm, eps)?.to_dtype(self.dtype)?;
+            let gu = hn.matmul(&layer.w_gate_up.t()?)?;
+            let inter = cfg.intermediate_size;
+            let act = (gu.narrow(1, 0, inter)?.silu()? * gu.narrow(1, inter, inter)?)?;
+            x = (x + act.matmul(&layer.w_down.t()?)?.to_dtype(DType::F32)?)?;
+        }
+        self.logits(&x, batch, &inp.last_rows)
+    }
+
+    /// Final norm and LM head for the wanted rows only; back to the host in f32.
+    fn logits(&self, x: &Tensor, batch: &[SeqChunk<'_>], rows: &[u32]) -> Result<StepLogits> {
+        let mut per_row = if rows.is_empty() {
+            Vec::new()
+        } else {
+            let idx = Tensor::from_vec(rows.to_vec(), rows.len(), &self.device)?;
+            let last = x.index_select(&idx, 0)?;
+            let normed = rms_norm(&last, &self.model.norm, self.cfg.rms_norm_eps)?;
+            normed
+                .to_dtype(self.dtype)?
+                .matmul(&self.model.lm_head.t()?)?
+                .to_dtype(DType::F32)?
+                .to_vec2::<f32>()?
+        }
+        .into_iter();
+        Ok(batch
+            .iter()
+            .map(|c| if c.want_logits { per_row.next() } else { None })
+            .collect())
+    }
+}
+
+/// `x / sqrt(mean(x²) + eps) · w` over the last dimension (f32).
+fn rms_norm(x: &Tensor, w: &Tensor, eps: f64) -> Result<Tensor> {
+    let ms = x.sqr()?.mean_keepdim(D::Minus1)?;
+    Ok(x.broadcast_div(&(ms + eps)?.sqrt()?)?.broadcast_mul(w)?)
+}
+
+/// Weights multiplied per token: every projection and the LM head (embedding rows are read,
+/// not multiplied).
+pub fn weight_count_for(cfg: &LlamaConfig) -> usize {
+    let (h, i) = (cfg.hidden_size, cfg.intermediate_size);
+    let kvd = cfg.kv_heads() * cfg.head_dim();
+    let layer = h * (h + 2 * kvd) + h * h + 3 * i * h;
+    cfg.num_hidden_layers * layer + cfg.vocab_size * h
+}
+
+/// Bytes the weights of `cfg` take on the device in `dtype`, before they are loaded (to
+/// check that they and the KV pool fit): every matrix in `dtype` (the LM head shares the
+/// embedding when tied), the norms in f32.
+pub fn device_weight_bytes(cfg: &LlamaConfig, dtype: DType) -> u64 {
+    let h = cfg.hidden_size;
+    let embed = if cfg.tie_word_embeddings {
+        0
+    } else {
+        cfg.vocab_size * h
+    };
+    let matrices = (weight_count_for(cfg) + embed) * dtype.size_in_bytes();
+    let norms = (2 * cfg.num_hidden_layers + 1) * h * DType::F32.size_in_bytes();
+    (matrices + norms) as u64
+}
+
+/// Half-split RoPE on `[T, heads, hd]` with per-row tables `[T, 1, hd]`.
+fn apply_rope(x: &Tensor, cos: &Tensor, sin: &Tensor) -> Result<Tensor> {
+    let hd = x.dim(2)?;
+    let x1 = x.narrow(2, 0, hd / 2)?;
+    let x2 = x.narrow(2, hd / 2, hd / 2)?;
+    let rot = Tensor::cat(&[&x2.neg()?, &x1], 2)?;
+    Ok((x.broadcast_mul(cos)? + rot.broadcast_mul(sin)?)?)
+}
+
+impl ModelRunner for CandleRunner {
+    fn step(&mut self, batch: &[SeqChunk<'_>]) -> Result<StepLogits> {
+        let s = self.kv.shape();
+        validate_batch(batch, self.cfg.vocab_size, s.block_size, s.num_blocks)?;
+        // As the packed runner: run the pass on one rayon worker, so candle's CPU kernels
+        // split work in place instead of handing every op to the pool from outside it.
+        rayon::scope(|_| self.forward(batch))
+    }
+    fn block_size(&self) -> usize {
+        self.kv.shape().block_size
+    }
+    fn num_blocks(&self) -> usize {
+        self.kv.shape().num_blocks
+    }
+    fn vocab_size(&self) -> usize {
+        self.cfg.vocab_size
+    }
+    fn kind(&self) -> &'static str {
+        "candle"
+    }
+}
+
+impl BlockIo for CandleRunner {
+    fn block_bytes(&self) -> usize {
+        self.kv.block_bytes()
+    }
+    fn read_block(&self, block: u32, out: &mut Vec<u8>) -> std::result::Result<(), BlockIoError> {
+        self.kv.read_block(block, out)
+    }
+    fn write_block(&mut self, block: u32, data: &[u8]) -> std::result::Result<(), BlockIoError> {
+        self.kv.write_block(block, data)
+    }
+    fn copy_block(&mut self, src: u32, dst: u32) -> std::result::Result<(), BlockIoError> {
+        self.kv.copy_block(src, dst)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)]
+    use super::*;
+
+    #[test]
+    fn random_weights_run_and_their_bytes_are_known_before_loading() {
+        let cfg = LlamaConfig::from_json(
+            r#"{"hidden_size": 64, "intermediate_size": 96, "num_hidden_layers": 2,
+                "num_attention_heads": 4, "num_key_value_heads": 2, "vocab_size": 300}"#,
+        )
+        .unwrap();
+        let rc = RunnerConfig {
+            block_size: 4,
+            num_blocks: 8,
+        };
+        let mut runner = CandleRunner::random(&cfg, rc, DeviceChoice::Cpu).unwrap();
+        // The estimate is what lands on the device: the counted matrices, the untied
+        // embedding, the norms in f32.
+        let (h, l) = (cfg.hidden_size, cfg.num_hidden_layers);
+        let expected = runner.weight_bytes() + cfg.vocab_size * h * 4 + (2 * l + 1) * h * 4;
+        assert_eq!(device_weight_bytes(&cfg, DType::F32), expected as u64);
+        let chunk = SeqChunk {
+            tokens: &[1, 2, 3, 299],
+            start_pos: 0,
+            block_table: &[0, 1],
+            want_logits: true,
+        };
+        let logits = runner.step(&[chunk]).unwrap();
+        let row = logits[0].as_ref().unwrap();
+        assert_eq!(row.len(), cfg.vocab_size);
+        assert!(row.iter().all(|x| x.is_finite()), "{row:?}");
+    }
+}
