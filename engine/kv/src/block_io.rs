@@ -1,7 +1,7 @@
 //! Byte-level access to the paged KV store, so the cache manager can offload and restore blocks
 //! without knowing about tensors.
 //!
-//! Invariant: every call either moves a whole block image or fails with a [`BlockIoError`]
+//! Invariant: every call either moves whole block images or fails with a [`BlockIoError`]
 //! naming the block and the cause; an implementation never answers a failure with made-up
 //! bytes (a zero-filled "image" would be restored as if it were the session's KV).
 
@@ -69,8 +69,11 @@ impl BlockIoError {
     }
 }
 
-/// Implemented by the tensor-side KV store; the KV cache manager calls it to offload, restore
-/// and copy blocks.
+/// Implemented by the tensor-side KV store. The KV cache manager never calls it while it
+/// decides: it plans block moves as data ([`crate::kv_cache::transfer`]) and the engine loop
+/// has them executed, batched, before the forward pass. The batched methods are what a runner
+/// implements for speed (one device↔host copy per layer and direction for a whole batch); the
+/// single-block ones are the reference they must agree with.
 pub trait BlockIo {
     /// Bytes one block occupies (all layers, K and V).
     fn block_bytes(&self) -> usize;
@@ -82,4 +85,46 @@ pub trait BlockIo {
     fn write_block(&mut self, block: u32, data: &[u8]) -> Result<(), BlockIoError>;
     /// Copies one block onto another (copy-on-write of a shared partial block).
     fn copy_block(&mut self, src: u32, dst: u32) -> Result<(), BlockIoError>;
+
+    /// Replaces `out` with the images of `blocks`, concatenated in order (each exactly as
+    /// [`BlockIo::read_block`] gives it). On failure `out` is unspecified.
+    fn read_blocks(&self, blocks: &[u32], out: &mut Vec<u8>) -> Result<(), BlockIoError> {
+        let mut one = Vec::with_capacity(self.block_bytes());
+        out.clear();
+        for &b in blocks {
+            self.read_block(b, &mut one)?;
+            out.extend_from_slice(&one);
+        }
+        Ok(())
+    }
+
+    /// Writes `data` (images of `blocks`, concatenated in order) into `blocks`. On failure the
+    /// blocks' contents are unspecified.
+    fn write_blocks(&mut self, blocks: &[u32], data: &[u8]) -> Result<(), BlockIoError> {
+        let bb = self.block_bytes();
+        if data.len() != blocks.len() * bb {
+            let cause = BlockIoCause::WrongSize {
+                got: data.len(),
+                want: blocks.len() * bb,
+            };
+            return Err(BlockIoError::new(BlockOp::Write, first(blocks), cause));
+        }
+        for (&b, image) in blocks.iter().zip(data.chunks_exact(bb.max(1))) {
+            self.write_block(b, image)?;
+        }
+        Ok(())
+    }
+
+    /// Copies each `(src, dst)` pair, in order.
+    fn copy_blocks(&mut self, pairs: &[(u32, u32)]) -> Result<(), BlockIoError> {
+        for &(src, dst) in pairs {
+            self.copy_block(src, dst)?;
+        }
+        Ok(())
+    }
+}
+
+/// The block an error about a whole batch names when no single block is at fault.
+pub fn first(blocks: &[u32]) -> u32 {
+    blocks.first().copied().unwrap_or(0)
 }

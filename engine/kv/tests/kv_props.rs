@@ -10,7 +10,7 @@ use std::path::Path;
 
 use kv_common::*;
 use proptest::prelude::*;
-use tidegate_kv::kv_cache::{KvCacheManager, MemBlockIo, SeqId, SeqStart};
+use tidegate_kv::kv_cache::{KvCacheManager, MemBlockIo, MoveNow, SeqId, SeqStart};
 
 #[derive(Clone, Debug)]
 enum KvOp {
@@ -143,7 +143,7 @@ impl KvWorld {
             session: session.as_deref(),
             chunk,
         };
-        let Some(b) = self.kv.begin_seq(start, self.now, &mut self.io) else {
+        let Some(b) = self.kv.begin_seq_io(start, self.now, &mut self.io) else {
             prop_assert!(!self.kv.has_seq(seq));
             return Ok(());
         };
@@ -227,7 +227,11 @@ impl KvWorld {
                     l.tokens.push(t);
                 }
                 let to = l.computed + usize::from(n);
-                if self.kv.allocate_slots(seq, to, now, &mut self.io).is_some() {
+                if self
+                    .kv
+                    .allocate_slots_io(seq, to, now, &mut self.io)
+                    .is_some()
+                {
                     let table = self
                         .kv
                         .block_table(seq)
@@ -261,7 +265,7 @@ impl KvWorld {
                     return Ok(());
                 };
                 self.kv
-                    .preempt_seq(seq, &l.tokens[..l.computed], now, &mut self.io);
+                    .preempt_seq_io(seq, &l.tokens[..l.computed], now, &mut self.io);
                 l.preempted = true;
                 l.computed = 0;
             }
@@ -277,7 +281,7 @@ impl KvWorld {
                     session: l.session.as_deref(),
                     chunk: 8,
                 };
-                if let Some(b) = self.kv.begin_seq(start, now, &mut self.io) {
+                if let Some(b) = self.kv.begin_seq_io(start, now, &mut self.io) {
                     let table = self
                         .kv
                         .block_table(seq)
@@ -294,11 +298,11 @@ impl KvWorld {
             }
             KvOp::Advance { ms } => {
                 self.now += u64::from(ms);
-                self.kv.evict_expired(self.now, &mut self.io);
+                self.kv.evict_expired_io(self.now, &mut self.io);
             }
             KvOp::MakeRoom { blocks } => {
                 let before = self.kv.stats().clone();
-                let ok = self.kv.make_room(usize::from(blocks), now, &mut self.io);
+                let ok = self.kv.make_room_io(usize::from(blocks), now, &mut self.io);
                 prop_assert_eq!(ok, self.kv.blocks_free() >= usize::from(blocks));
                 // A request that cannot fit evicts nobody.
                 if !ok {

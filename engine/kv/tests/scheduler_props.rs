@@ -105,7 +105,7 @@ impl SchedWorld {
     /// One engine-loop step with a runner that checks the context KV it would read and
     /// writes the chunk's KV.
     fn step(&mut self) -> Result<(), TestCaseError> {
-        let out = self.s.schedule(self.now, &mut self.io);
+        let out = self.s.schedule_with(self.now, &mut self.io);
         let cfg = *self.s.config();
         prop_assert!(out.num_tokens <= cfg.max_num_tokens);
         prop_assert!(out.scheduled.len() <= cfg.max_num_seqs);

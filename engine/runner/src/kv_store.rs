@@ -138,55 +138,100 @@ fn invalid(e: BlockIoError) -> Error {
 
 /// The cache manager's interface. A bad block id or image size is refused with an error that
 /// names the block; nothing is written then, and a failed read yields no image (never zeros,
-/// which would be restored as if they were the session's KV).
+/// which would be restored as if they were the session's KV). A block's image is, layer by
+/// layer, its K floats then its V floats, little-endian; a batch is its blocks' images in
+/// order. The single-block calls are batches of one, so both paths are the same code.
 impl BlockIo for KvStore {
     fn block_bytes(&self) -> usize {
         self.image_bytes()
     }
 
-    /// Layer by layer, the block's K floats then its V floats, little-endian.
     fn read_block(&self, block: u32, out: &mut Vec<u8>) -> IoResult<()> {
-        let range = self.range(BlockOp::Read, block)?;
-        out.clear();
-        out.reserve(self.image_bytes());
-        for (k, v) in self.k.iter().zip(&self.v) {
-            for x in k[range.clone()].iter().chain(&v[range.clone()]) {
-                out.extend_from_slice(&x.to_le_bytes());
-            }
-        }
-        Ok(())
+        self.read_blocks(&[block], out)
     }
 
     fn write_block(&mut self, block: u32, data: &[u8]) -> IoResult<()> {
-        let range = self.range(BlockOp::Write, block)?;
-        if data.len() != self.image_bytes() {
-            let cause = BlockIoCause::WrongSize {
-                got: data.len(),
-                want: self.image_bytes(),
-            };
-            return Err(BlockIoError::new(BlockOp::Write, block, cause));
-        }
-        let n = range.len() * 4;
-        for (i, (k, v)) in self.k.iter_mut().zip(self.v.iter_mut()).enumerate() {
-            let base = i * 2 * n;
-            for (dst, src) in k[range.clone()]
-                .iter_mut()
-                .chain(v[range.clone()].iter_mut())
-                .zip(data[base..base + 2 * n].chunks_exact(4))
-            {
-                *dst = f32::from_le_bytes([src[0], src[1], src[2], src[3]]);
+        self.write_blocks(&[block], data)
+    }
+
+    fn copy_block(&mut self, src: u32, dst: u32) -> IoResult<()> {
+        self.copy_blocks(&[(src, dst)])
+    }
+
+    /// Layer-major over the batch: each layer's K and V buffers are swept once for all the
+    /// blocks, and the floats are converted in whole slices.
+    fn read_blocks(&self, blocks: &[u32], out: &mut Vec<u8>) -> IoResult<()> {
+        let ranges = self.ranges(BlockOp::Read, blocks)?;
+        let bb = self.image_bytes();
+        let n = self.block_floats() * 4;
+        out.clear();
+        out.resize(blocks.len() * bb, 0);
+        for (layer, (k, v)) in self.k.iter().zip(&self.v).enumerate() {
+            for (i, r) in ranges.iter().enumerate() {
+                let at = i * bb + layer * 2 * n;
+                floats_to_bytes(&k[r.clone()], &mut out[at..at + n]);
+                floats_to_bytes(&v[r.clone()], &mut out[at + n..at + 2 * n]);
             }
         }
         Ok(())
     }
 
-    fn copy_block(&mut self, src: u32, dst: u32) -> IoResult<()> {
-        let s = self.range(BlockOp::Copy, src)?;
-        let d = self.range(BlockOp::Copy, dst)?;
-        for buf in self.k.iter_mut().chain(self.v.iter_mut()) {
-            buf.copy_within(s.clone(), d.start);
+    fn write_blocks(&mut self, blocks: &[u32], data: &[u8]) -> IoResult<()> {
+        let ranges = self.ranges(BlockOp::Write, blocks)?;
+        let bb = self.image_bytes();
+        if data.len() != blocks.len() * bb {
+            let cause = BlockIoCause::WrongSize {
+                got: data.len(),
+                want: blocks.len() * bb,
+            };
+            let first = blocks.first().copied().unwrap_or(0);
+            return Err(BlockIoError::new(BlockOp::Write, first, cause));
+        }
+        let n = self.block_floats() * 4;
+        for (layer, (k, v)) in self.k.iter_mut().zip(self.v.iter_mut()).enumerate() {
+            for (i, r) in ranges.iter().enumerate() {
+                let at = i * bb + layer * 2 * n;
+                bytes_to_floats(&data[at..at + n], &mut k[r.clone()]);
+                bytes_to_floats(&data[at + n..at + 2 * n], &mut v[r.clone()]);
+            }
         }
         Ok(())
+    }
+
+    fn copy_blocks(&mut self, pairs: &[(u32, u32)]) -> IoResult<()> {
+        let mut moves = Vec::with_capacity(pairs.len());
+        for &(src, dst) in pairs {
+            let s = self.range(BlockOp::Copy, src)?;
+            let d = self.range(BlockOp::Copy, dst)?;
+            moves.push((s, d.start));
+        }
+        for buf in self.k.iter_mut().chain(self.v.iter_mut()) {
+            for (s, d) in &moves {
+                buf.copy_within(s.clone(), *d);
+            }
+        }
+        Ok(())
+    }
+}
+
+impl KvStore {
+    /// Every block's float range, or the error naming the first bad one (nothing moved then).
+    fn ranges(&self, op: BlockOp, blocks: &[u32]) -> IoResult<Vec<std::ops::Range<usize>>> {
+        blocks.iter().map(|&b| self.range(op, b)).collect()
+    }
+}
+
+/// `src` as little-endian bytes into `dst` (exactly `4 × src.len()` long).
+fn floats_to_bytes(src: &[f32], dst: &mut [u8]) {
+    for (d, x) in dst.chunks_exact_mut(4).zip(src) {
+        d.copy_from_slice(&x.to_le_bytes());
+    }
+}
+
+/// Little-endian bytes `src` into `dst` (exactly `4 × dst.len()` long).
+fn bytes_to_floats(src: &[u8], dst: &mut [f32]) {
+    for (x, s) in dst.iter_mut().zip(src.chunks_exact(4)) {
+        *x = f32::from_le_bytes([s[0], s[1], s[2], s[3]]);
     }
 }
 
@@ -212,6 +257,30 @@ mod tests {
         assert!(kv.try_read_block(3, &mut img).is_err());
         assert!(kv.try_write_block(0, &img[1..]).is_err());
         assert!(kv.try_copy_block(0, 9).is_err());
+    }
+
+    #[test]
+    fn a_batch_is_its_blocks_images_in_order_both_ways() {
+        let mut kv = KvStore::new(2, 1, 2, 2, 4);
+        kv.write_token(0, 1, 0, &[1.0, 2.0], &[3.0, 4.0]);
+        kv.write_token(1, 2, 1, &[5.0, 6.0], &[7.0, 8.0]);
+        let (mut a, mut b, mut both) = (Vec::new(), Vec::new(), Vec::new());
+        kv.read_block(1, &mut a).unwrap();
+        kv.read_block(2, &mut b).unwrap();
+        kv.read_blocks(&[2, 1], &mut both).unwrap();
+        assert_eq!(both, [b.clone(), a.clone()].concat());
+        kv.write_blocks(&[0, 3], &both).unwrap();
+        let mut got = Vec::new();
+        kv.read_block(0, &mut got).unwrap();
+        assert_eq!(got, b);
+        kv.read_block(3, &mut got).unwrap();
+        assert_eq!(got, a);
+        kv.copy_blocks(&[(1, 0), (2, 3)]).unwrap();
+        kv.read_blocks(&[0, 3], &mut got).unwrap();
+        assert_eq!(got, [a, b].concat());
+        let err = kv.read_blocks(&[1, 9], &mut got).unwrap_err();
+        assert_eq!((err.op, err.block), (BlockOp::Read, 9));
+        assert!(kv.write_blocks(&[0, 1], &both[1..]).is_err());
     }
 
     /// The bug this guards against: a failed read used to hand back a zero-filled image of

@@ -8,20 +8,22 @@
 //!   found, `begin_seq` returns `None`, holds no block for the sequence and leaves the
 //!   session's KV where it was (at most truncated to the part the new prompt shares);
 //! - a reused partial block that other holders share is copied before it can be written
-//!   (copy-on-write through `BlockIo::copy_block`); a sole holder's block just loses its hash;
+//!   (a copy move in the step's transfer plan); a sole holder's block just loses its hash;
 //! - restored bytes count as computed only if every one of them arrived intact: a spill file
-//!   that is missing, short or fails its checksum, or a block write that fails, makes the
-//!   return a recompute (counted under `Recompute` and as a restore failure of the place the
-//!   bytes were, and logged); a failed copy-on-write recomputes that one block.
+//!   that is missing, short or fails its checksum makes the return a recompute at once; a
+//!   restore move that fails is answered back and the sequence recomputes from its hits
+//!   (counted under `Recompute` and as a restore failure of the place the bytes were, and
+//!   logged); a failed copy-on-write recomputes that one block. Restored blocks join the
+//!   shared-prefix cache only when their move succeeded;
+//! - a session whose offload is still in this step's plan is not restored: it recomputes.
 
 use super::block_pool::BlockId;
-use super::io_ops;
 use super::manager::{IdleKv, IdleSession, KvCacheManager, SeqId, SeqKv, SessionKey};
 use super::offload_store::{EntryId, Place};
 use super::prefix_hash::{ROOT_HASH, block_hash};
 use super::stats::KvSource;
 use super::tier::TierId;
-use crate::block_io::BlockIo;
+use super::transfer::BlockMove;
 
 /// What a sequence asks for when it starts (or resumes after preemption).
 #[derive(Clone, Copy, Debug)]
@@ -73,12 +75,7 @@ impl KvCacheManager {
     /// first `chunk` new tokens. A preempted sequence resumes its own parked KV; otherwise a
     /// named session's idle KV is used; otherwise shared-prefix hits. `None` when the blocks
     /// cannot be found (nothing changes for the caller's request).
-    pub fn begin_seq(
-        &mut self,
-        start: SeqStart<'_>,
-        now: u64,
-        io: &mut dyn BlockIo,
-    ) -> Option<Begin> {
+    pub fn begin_seq(&mut self, start: SeqStart<'_>, now: u64) -> Option<Begin> {
         if self.seqs.contains_key(&start.seq) || start.tokens.is_empty() {
             return None;
         }
@@ -88,7 +85,7 @@ impl KvCacheManager {
         } else if let Some(name) = start.session {
             SessionKey::Named(name.to_string())
         } else {
-            let computed = self.begin_prefix(start, now, io)?;
+            let computed = self.begin_prefix(start, now)?;
             return Some(Begin {
                 computed,
                 source: KvSource::Fresh,
@@ -103,9 +100,22 @@ impl KvCacheManager {
                     kv: IdleKv::Resident { .. },
                     ..
                 },
-            ) => self.begin_resident(start, key.clone(), idle, now, io),
-            Some(idle) => self.begin_stored(start, key.clone(), idle, now, io),
-            None => self.begin_prefix(start, now, io).map(|computed| Begin {
+            ) => self.begin_resident(start, key.clone(), idle, now),
+            Some(
+                idle @ IdleSession {
+                    kv: IdleKv::Offloading(_),
+                    ..
+                },
+            ) => {
+                // Its bytes are still on their way out in this step's plan: recompute.
+                self.discard_idle(idle);
+                self.begin_prefix(start, now).map(|computed| Begin {
+                    computed,
+                    source: KvSource::Recompute,
+                })
+            }
+            Some(idle) => self.begin_stored(start, key.clone(), idle, now),
+            None => self.begin_prefix(start, now).map(|computed| Begin {
                 computed,
                 source: if known {
                     KvSource::Recompute
@@ -147,12 +157,7 @@ impl KvCacheManager {
 
     /// Fresh start (or recompute): shared-prefix hits plus new blocks for the first chunk.
     /// Returns the computed token count.
-    fn begin_prefix(
-        &mut self,
-        start: SeqStart<'_>,
-        now: u64,
-        io: &mut dyn BlockIo,
-    ) -> Option<usize> {
+    fn begin_prefix(&mut self, start: SeqStart<'_>, now: u64) -> Option<usize> {
         let SeqStart {
             seq,
             tier,
@@ -164,7 +169,7 @@ impl KvCacheManager {
         let computed = blocks.len() * self.block_size;
         let total = (computed + chunk).min(tokens.len());
         let need = self.blocks_for(total).saturating_sub(blocks.len());
-        if !self.ensure_free(need, now, io, None) {
+        if !self.ensure_free(need, now, None) {
             self.release_all(&blocks);
             return None;
         }
@@ -180,7 +185,6 @@ impl KvCacheManager {
         key: SessionKey,
         idle: IdleSession,
         now: u64,
-        io: &mut dyn BlockIo,
     ) -> Option<Begin> {
         let SeqStart {
             seq,
@@ -214,7 +218,7 @@ impl KvCacheManager {
         let cow = partial && keep > 0 && self.pool.ref_count(blocks[keep - 1]) > 1;
         let total = (reuse + chunk).min(tokens.len());
         let need = self.blocks_for(total).saturating_sub(keep) + usize::from(cow);
-        if !self.ensure_free(need, now, io, Some(&key)) {
+        if !self.ensure_free(need, now, Some(&key)) {
             self.sessions.insert(
                 key,
                 IdleSession {
@@ -226,19 +230,18 @@ impl KvCacheManager {
             );
             return None;
         }
-        let mut reuse = reuse;
         if partial && keep > 0 {
             let last = blocks[keep - 1];
             if cow {
                 let copy = self.pool.allocate()?;
-                match io_ops::copy(io, last, copy) {
-                    Ok(()) => self.stats.cow_copies += 1,
-                    Err(e) => {
-                        // The copy holds nothing valid: recompute that block's tokens.
-                        tracing::warn!(error = %e, "KV copy-on-write failed; recomputing the block");
-                        reuse = (keep - 1) * b;
-                    }
-                }
+                // If the copy fails, the answer sends the sequence back to that block's start.
+                self.transfers.push(BlockMove::Copy {
+                    seq,
+                    src: last,
+                    dst: copy,
+                    keep_tokens: (keep - 1) * b,
+                });
+                self.stats.cow_copies += 1;
                 self.pool.release(last);
                 blocks[keep - 1] = copy;
             } else {
@@ -294,7 +297,6 @@ impl KvCacheManager {
         key: SessionKey,
         idle: IdleSession,
         now: u64,
-        io: &mut dyn BlockIo,
     ) -> Option<Begin> {
         let IdleKv::Stored(id) = idle.kv else {
             return None;
@@ -303,7 +305,7 @@ impl KvCacheManager {
         let (hit_blocks, hashes) = self.acquire_prefix_hits(start.tokens, start.tokens.len() - 1);
         let plan = self.plan_restore(id, &idle.tokens, start, hit_blocks.len());
         let need = self.blocks_for(plan.total).saturating_sub(plan.hits);
-        if !self.ensure_free(need, now, io, Some(&key)) {
+        if !self.ensure_free(need, now, Some(&key)) {
             self.release_all(&hit_blocks);
             // Evictions made while trying may have pushed this entry out of the store.
             if self.store.peek(id).is_some() {
@@ -315,11 +317,14 @@ impl KvCacheManager {
         }
         self.stats.prefix_hit_tokens += (plan.hits * bsz) as u64;
         let mut blocks = hit_blocks;
-        let restored = if plan.worth {
-            self.restore_entry(&key, id, &plan, &mut blocks, io)
+        let (restored, restore_image) = if plan.worth {
+            match self.restore_entry(&key, id, &plan, &mut blocks) {
+                Some((from, first, image)) => (Some(from), Some((first, image))),
+                None => (None, None),
+            }
         } else {
             self.store.remove(id);
-            None
+            (None, None)
         };
         let (computed, source) = match restored {
             Some(Place::Host) => (plan.computed, KvSource::Host),
@@ -331,24 +336,33 @@ impl KvCacheManager {
             .blocks_for(plan.total.max(computed))
             .saturating_sub(blocks.len());
         self.install(start.seq, start.tier, blocks, hashes, more)?;
-        if restored.is_some() {
-            self.cache_full_blocks(start.seq, &start.tokens[..computed]);
+        if let (Some(from), Some((first, image))) = (restored, restore_image) {
+            let blocks = self.seqs.get(&start.seq)?.blocks[first..plan.restore_to].to_vec();
+            // The restored blocks join the shared-prefix cache only once their bytes landed.
+            self.transfers.push(BlockMove::Restore {
+                seq: start.seq,
+                blocks,
+                image,
+                from,
+                keep_tokens: plan.hits * bsz,
+                cache_tokens: start.tokens[..computed].to_vec(),
+            });
         }
         Some(Begin { computed, source })
     }
 
-    /// Takes entry `id` out of the store and writes its blocks `plan.hits..plan.restore_to`
-    /// into fresh blocks appended to `blocks`. Returns where the bytes were, or `None` when the
-    /// entry is gone or could not be restored intact; a failure is counted and logged, and the
-    /// caller recomputes (blocks already appended then hold garbage and are simply prefilled).
+    /// Takes entry `id` out of the store and allocates fresh blocks for its blocks
+    /// `plan.hits..plan.restore_to`, appended to `blocks`. Returns where the bytes were, the
+    /// index in `blocks` of the first fresh block and the images to write there, or `None`
+    /// when the entry is gone or its spill file could not be read back intact (counted and
+    /// logged; the caller recomputes).
     fn restore_entry(
         &mut self,
         key: &SessionKey,
         id: EntryId,
         plan: &Plan,
         blocks: &mut Vec<BlockId>,
-        io: &mut dyn BlockIo,
-    ) -> Option<Place> {
+    ) -> Option<(Place, usize, Vec<u8>)> {
         let (bytes, place) = match self.store.take(id) {
             Ok(found) => found?,
             Err(e) => {
@@ -358,17 +372,12 @@ impl KvCacheManager {
             }
         };
         let bb = self.block_bytes;
-        for i in plan.hits..plan.restore_to {
-            let b = self.pool.allocate()?;
-            blocks.push(b);
-            let image = bytes.get(i * bb..(i + 1) * bb).unwrap_or(&[]);
-            if let Err(e) = io_ops::write(io, b, image, bb) {
-                self.stats.restore_failed(place);
-                tracing::warn!(session = ?key, from = ?place, error = %e, "KV restore failed; recomputing");
-                return None;
-            }
+        let image = bytes.get(plan.hits * bb..plan.restore_to * bb)?.to_vec();
+        let first = blocks.len();
+        for _ in plan.hits..plan.restore_to {
+            blocks.push(self.pool.allocate()?);
         }
-        Some(place)
+        Some((place, first, image))
     }
 
     /// Registers `seq` with `blocks` (already held) plus `more` freshly allocated blocks.

@@ -6,26 +6,26 @@
 //!   blocks are only taken by [`KvCacheManager::preempt_seq`], which the scheduler calls;
 //! - a `Retain` tier is evicted under pressure only when no other tier's idle session can free
 //!   a block, and never by TTL;
-//! - an offload copies every block's bytes out through `BlockIo` *before* the blocks are
-//!   released, so nothing else can have written them yet;
+//! - an offload is a move in the step's transfer plan: the blocks are released at once, and
+//!   the plan reads them before any later move or the forward pass can write them;
 //! - when the store drops an older entry to make room, the session that pointed at it is
 //!   removed too (no record ever points at a missing entry).
 
 use std::collections::HashMap;
 
 use super::block_pool::BlockId;
-use super::io_ops;
+use super::manager::InFlight;
 use super::manager::{IdleKv, IdleSession, KvCacheManager, SeqId, SessionKey};
-use super::offload_store::Place;
 use super::stats::EvictAction;
 use super::tier::PressureAction;
-use crate::block_io::BlockIo;
+use super::transfer::BlockMove;
 
 /// What preempting a running sequence did with its KV.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Preempted {
-    /// Copied to host RAM or disk; restored when the sequence resumes.
-    Offloaded(Place),
+    /// Its blocks are being copied out (a move in this step's transfer plan); once they arrive
+    /// they are kept in host RAM or on disk and restored when the sequence resumes.
+    Offloading,
     /// Freed; the sequence recomputes when it resumes (shared full blocks may still hit).
     Dropped,
 }
@@ -57,7 +57,6 @@ impl KvCacheManager {
         &mut self,
         need: usize,
         now: u64,
-        io: &mut dyn BlockIo,
         exclude: Option<&SessionKey>,
     ) -> bool {
         if self.pool.num_free() >= need {
@@ -84,7 +83,7 @@ impl KvCacheManager {
             let Some(victim) = self.pick_victim(now, exclude) else {
                 return false;
             };
-            self.evict_session(&victim, now, io, true);
+            self.evict_session(&victim, now, true);
         }
         true
     }
@@ -130,7 +129,7 @@ impl KvCacheManager {
 
     /// Applies the tier's action to idle session `key`'s resident KV: offload (when the cost
     /// model says it beats dropping and the store takes it) or drop.
-    fn evict_session(&mut self, key: &SessionKey, now: u64, io: &mut dyn BlockIo, pressure: bool) {
+    fn evict_session(&mut self, key: &SessionKey, now: u64, pressure: bool) {
         let Some(idle) = self.sessions.remove(key) else {
             return;
         };
@@ -148,11 +147,8 @@ impl KvCacheManager {
         let p = self.cost.p_return(&tier, now.saturating_sub(idle.last_use));
         let offload = tier.on_pressure == PressureAction::Offload
             && self.cost.offload_beats_drop(p, idle.tokens.len(), bytes);
-        let offloaded = offload
-            && self
-                .offload_blocks(key, &blocks, idle.tokens.clone(), idle.tier, io, now)
-                .is_some();
-        if offloaded {
+        if offload {
+            self.offload_blocks(key, &blocks, idle.tokens.clone(), idle.tier, now);
             self.stats.evicted(&tier.name, EvictAction::Offload);
         } else {
             self.stats.evicted(&tier.name, EvictAction::Drop);
@@ -161,55 +157,44 @@ impl KvCacheManager {
         self.release_all(&blocks);
     }
 
-    /// Copies `blocks` into the store as `key`'s idle KV (with `last_use` = now). Returns where
-    /// the bytes went, or `None` if a block could not be read or the store could not take
-    /// them (nothing recorded then).
+    /// Plans the offload of `blocks` as `key`'s idle KV (with `last_use` = now): the session
+    /// waits in [`IdleKv::Offloading`] until the move is answered, when its bytes go to the
+    /// store ([`KvCacheManager::apply_transfers`]). The blocks may be released at once: every
+    /// later write to them comes later in the plan.
     fn offload_blocks(
         &mut self,
         key: &SessionKey,
         blocks: &[u32],
         tokens: Vec<u32>,
         tier: usize,
-        io: &mut dyn BlockIo,
         now: u64,
-    ) -> Option<Place> {
-        let mut data = Vec::with_capacity(blocks.len() * self.block_bytes);
-        let mut buf = Vec::with_capacity(self.block_bytes);
-        for &b in blocks {
-            if let Err(e) = io_ops::read(io, b, &mut buf, self.block_bytes) {
-                // An image we could not read is not the session's KV: drop rather than store it.
-                tracing::warn!(error = %e, "KV offload failed; dropping the session's KV instead");
-                return None;
-            }
-            data.extend_from_slice(&buf);
-        }
-        let put = self.store.put(key.clone(), data, now);
-        for owner in put.dropped {
-            let gone = matches!(
-                self.sessions.get(&owner),
-                Some(IdleSession { kv: IdleKv::Stored(id), .. }) if self.store.peek(*id).is_none()
-            );
-            if gone {
-                self.sessions.remove(&owner);
-                self.drops.insert(owner);
-            }
-        }
-        let (id, place) = put.stored?;
+    ) {
+        let ticket = self.next_ticket;
+        self.next_ticket += 1;
+        self.transfers.push(BlockMove::Offload {
+            ticket,
+            blocks: blocks.to_vec(),
+        });
+        let name = self.tiers.get(tier).name.clone();
+        let in_flight = InFlight {
+            key: key.clone(),
+            tier: name,
+        };
+        self.offloading.insert(ticket, in_flight);
         self.sessions.insert(
             key.clone(),
             IdleSession {
                 tier,
                 tokens,
-                kv: IdleKv::Stored(id),
+                kv: IdleKv::Offloading(ticket),
                 last_use: now,
             },
         );
-        Some(place)
     }
 
     /// Applies each tier's TTL: idle resident sessions idle for at least their tier's TTL are
     /// offloaded or dropped (`Retain` tiers stay). Returns how many were evicted.
-    pub fn evict_expired(&mut self, now: u64, io: &mut dyn BlockIo) -> usize {
+    pub fn evict_expired(&mut self, now: u64) -> usize {
         let expired: Vec<SessionKey> = self
             .sessions
             .iter()
@@ -222,27 +207,21 @@ impl KvCacheManager {
             .map(|(k, _)| k.clone())
             .collect();
         for key in &expired {
-            self.evict_session(key, now, io, false);
+            self.evict_session(key, now, false);
         }
         expired.len()
     }
 
     /// Evicts idle sessions until `need` blocks are free (the admission path's "KV short →
     /// evict idle sessions"). Returns whether `need` blocks are free.
-    pub fn make_room(&mut self, need: usize, now: u64, io: &mut dyn BlockIo) -> bool {
-        self.ensure_free(need, now, io, None)
+    pub fn make_room(&mut self, need: usize, now: u64) -> bool {
+        self.ensure_free(need, now, None)
     }
 
     /// Takes running sequence `seq`'s blocks away: offloads its `computed` tokens' KV when its
     /// tier offloads and the copy beats recomputing, else drops it. The sequence keeps its id;
     /// a later [`KvCacheManager::begin_seq`] for it restores or recomputes.
-    pub fn preempt_seq(
-        &mut self,
-        seq: SeqId,
-        computed: &[u32],
-        now: u64,
-        io: &mut dyn BlockIo,
-    ) -> Preempted {
+    pub fn preempt_seq(&mut self, seq: SeqId, computed: &[u32], now: u64) -> Preempted {
         self.cache_full_blocks(seq, computed);
         let Some(s) = self.seqs.remove(&seq) else {
             return Preempted::Dropped;
@@ -257,14 +236,11 @@ impl KvCacheManager {
             && self.cost.preempt_offload_beats_drop(computed.len(), bytes)
         {
             let tokens = computed[..computed.len().min(keep * self.block_size)].to_vec();
-            if let Some(place) =
-                self.offload_blocks(&key, &s.blocks[..keep], tokens, s.tier, io, now)
-            {
-                outcome = Preempted::Offloaded(place);
-            }
+            self.offload_blocks(&key, &s.blocks[..keep], tokens, s.tier, now);
+            outcome = Preempted::Offloading;
         }
         let action = match outcome {
-            Preempted::Offloaded(_) => EvictAction::Offload,
+            Preempted::Offloading => EvictAction::Offload,
             Preempted::Dropped => EvictAction::Drop,
         };
         self.stats.evicted(&tier.name, action);

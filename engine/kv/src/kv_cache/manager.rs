@@ -20,6 +20,7 @@ use super::offload_store::{OffloadStore, StoreConfig};
 use super::prefix_hash::ROOT_HASH;
 use super::stats::KvStats;
 use super::tier::{TierId, Tiers};
+use super::transfer::{Ticket, TransferPlan};
 
 /// Identifies a request (sequence) for the whole of its life.
 pub type SeqId = u64;
@@ -84,6 +85,9 @@ pub(super) enum IdleKv {
         hashes: Vec<u64>,
     },
     Stored(super::offload_store::EntryId),
+    /// Its blocks are released and their offload is in this step's transfer plan; the bytes
+    /// reach the store when the move is answered (a return before that recomputes).
+    Offloading(super::transfer::Ticket),
 }
 
 /// A session between requests (or a preempted sequence between steps).
@@ -109,6 +113,19 @@ pub struct KvCacheManager {
     pub(super) store: OffloadStore<SessionKey>,
     pub(super) drops: RecentKeys,
     pub(super) stats: KvStats,
+    /// Block moves decided since the engine loop last took them.
+    pub(super) transfers: TransferPlan,
+    /// Offloads decided and not answered yet.
+    pub(super) offloading: HashMap<Ticket, InFlight>,
+    pub(super) next_ticket: Ticket,
+}
+
+/// An offload between its decision and its answer.
+#[derive(Clone, Debug)]
+pub(super) struct InFlight {
+    pub(super) key: SessionKey,
+    /// Its tier's name (the eviction is recounted as a drop if the bytes never arrive).
+    pub(super) tier: String,
 }
 
 impl KvCacheManager {
@@ -125,6 +142,9 @@ impl KvCacheManager {
             store: OffloadStore::new(cfg.store),
             drops: RecentKeys::new(cfg.remembered_drops),
             stats: KvStats::default(),
+            transfers: TransferPlan::default(),
+            offloading: HashMap::new(),
+            next_ticket: 0,
         }
     }
 
@@ -227,19 +247,13 @@ impl KvCacheManager {
     /// Grows `seq`'s block table to hold `total_tokens` tokens, evicting idle sessions if the
     /// pool is short. All or nothing: `None` (and no change to `seq`) when the blocks cannot be
     /// found even after evicting every evictable idle session.
-    pub fn allocate_slots(
-        &mut self,
-        seq: SeqId,
-        total_tokens: usize,
-        now: u64,
-        io: &mut dyn crate::block_io::BlockIo,
-    ) -> Option<()> {
+    pub fn allocate_slots(&mut self, seq: SeqId, total_tokens: usize, now: u64) -> Option<()> {
         let have = self.seqs.get(&seq)?.blocks.len();
         let need = self.blocks_for(total_tokens).saturating_sub(have);
         if need == 0 {
             return Some(());
         }
-        if !self.ensure_free(need, now, io, None) {
+        if !self.ensure_free(need, now, None) {
             return None;
         }
         let mut fresh = Vec::with_capacity(need);
@@ -343,6 +357,10 @@ impl KvCacheManager {
             IdleKv::Stored(id) => {
                 self.store.remove(id);
             }
+            IdleKv::Offloading(ticket) => {
+                // The read still runs (it is in the plan); its answer finds no one waiting.
+                self.offloading.remove(&ticket);
+            }
         }
     }
 
@@ -367,6 +385,11 @@ impl KvCacheManager {
                 IdleKv::Stored(id) => {
                     if self.store.peek(*id).is_none() {
                         return Err(format!("session points at missing store entry {id}"));
+                    }
+                }
+                IdleKv::Offloading(t) => {
+                    if !self.offloading.contains_key(t) {
+                        return Err(format!("session points at unknown offload {t}"));
                     }
                 }
             }

@@ -6,7 +6,8 @@
 //! - [`offload_store::OffloadStore`]: offloaded bytes under host and disk budgets, disk
 //!   entries in checksummed [`spill_file`]s;
 //! - [`KvCacheManager`]: block tables, sessions, eviction and restore decisions (using the
-//!   [`cost::CostModel`]); bytes move through [`crate::block_io::BlockIo`].
+//!   [`cost::CostModel`]); it decides block moves as data ([`transfer::TransferPlan`]), which
+//!   the engine loop executes in batches through [`crate::block_io::BlockIo`] and answers.
 //!
 //! Invariants of the whole: the device budget (`num_blocks × block_bytes`), the host budget
 //! and the disk budget are never exceeded; no block is leaked or freed twice
@@ -14,11 +15,12 @@
 //! could not be moved intact (a failed block read or write, a bad spill file) are never used:
 //! offloading them drops the session, restoring them recomputes it.
 
+pub mod answers;
 pub mod begin;
 pub mod block_pool;
 pub mod cost;
 pub mod eviction;
-mod io_ops;
+pub mod immediate;
 pub mod manager;
 pub mod mem_io;
 pub mod offload_store;
@@ -27,16 +29,20 @@ pub mod spill_file;
 pub mod stats;
 pub mod tier;
 pub mod tier_policy;
+pub mod transfer;
 
+pub use answers::Rollback;
 pub use begin::{Begin, SeqStart};
 pub use block_pool::{BlockId, BlockPool};
 pub use cost::CostModel;
 pub use eviction::Preempted;
+pub use immediate::MoveNow;
 pub use manager::{KvCacheManager, KvConfig, SeqId};
 pub use mem_io::MemBlockIo;
 pub use offload_store::{Place, SpillReadError, StoreConfig, StoreStats};
 pub use stats::{EvictAction, KvSource, KvStats};
 pub use tier::{PressureAction, TierConfig, TierId, Tiers};
+pub use transfer::{BlockMove, TransferAnswer, TransferPlan};
 
 #[cfg(test)]
 mod tests;

@@ -98,6 +98,28 @@ impl KvStats {
         }
     }
 
+    /// An eviction counted as an offload whose bytes never reached the store: a drop.
+    pub(super) fn recount_as_drop(&mut self, tier: &str) {
+        if let Some(n) = self
+            .evictions
+            .get_mut(&(tier.to_string(), EvictAction::Offload))
+        {
+            *n = n.saturating_sub(1);
+        }
+        self.evicted(tier, EvictAction::Drop);
+    }
+
+    /// A restore counted under `source` whose move failed: a recompute after all.
+    pub(super) fn unrestored(&mut self, source: KvSource) {
+        let n = match source {
+            KvSource::Host => &mut self.restores_host,
+            KvSource::Disk => &mut self.restores_disk,
+            _ => return,
+        };
+        *n = n.saturating_sub(1);
+        self.restores_recompute += 1;
+    }
+
     pub(super) fn restore_failed(&mut self, from: Place) {
         match from {
             Place::Host => self.restore_failures_host += 1,

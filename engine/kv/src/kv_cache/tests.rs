@@ -81,10 +81,10 @@ fn run_prompt(
     now: u64,
 ) -> Begin {
     let begin = kv
-        .begin_seq(start(seq, tier, tokens, session, tokens.len()), now, io)
+        .begin_seq_io(start(seq, tier, tokens, session, tokens.len()), now, io)
         .unwrap();
     assert_kv(kv, io, seq, tokens, begin.computed);
-    kv.allocate_slots(seq, tokens.len(), now, io).unwrap();
+    kv.allocate_slots_io(seq, tokens.len(), now, io).unwrap();
     compute(kv, io, seq, tokens, begin.computed, tokens.len());
     kv.cache_full_blocks(seq, tokens);
     kv.check().unwrap();
@@ -279,8 +279,8 @@ fn ttl_offloads_or_drops_but_retain_stays() {
         run_prompt(&mut kv, &mut io, seq, tier, &t, Some(name), 0);
         kv.finish_seq(seq, Some(name), &t, 0);
     }
-    assert_eq!(kv.evict_expired(9_999, &mut io), 0);
-    assert_eq!(kv.evict_expired(10_000, &mut io), 2);
+    assert_eq!(kv.evict_expired_io(9_999, &mut io), 0);
+    assert_eq!(kv.evict_expired_io(10_000, &mut io), 2);
     assert_eq!(kv.stats().evictions_of("free", EvictAction::Drop), 1);
     assert_eq!(kv.stats().evictions_of("pro", EvictAction::Offload), 1);
     assert_eq!(kv.blocks_used(), 3);
@@ -297,7 +297,7 @@ fn pressure_evicts_retain_tier_last_and_cheapest_first() {
         kv.finish_seq(seq, Some(name), &t, at);
     }
     // More than the pool can ever free: refused without evicting anyone.
-    assert!(!kv.make_room(10, 100, &mut io));
+    assert!(!kv.make_room_io(10, 100, &mut io));
     assert_eq!(kv.idle_sessions(), 3);
     kv.check().unwrap();
     let mut kv2 = manager(9, 0, None);
@@ -307,7 +307,7 @@ fn pressure_evicts_retain_tier_last_and_cheapest_first() {
         kv2.finish_seq(seq, Some(name), &t, at);
     }
     // Need 3 blocks: the stalest free-tier session goes first.
-    assert!(kv2.make_room(3, 100, &mut io));
+    assert!(kv2.make_room_io(3, 100, &mut io));
     assert_eq!(kv2.idle_sessions(), 2);
     let begin = run_prompt(
         &mut kv2,
@@ -321,7 +321,7 @@ fn pressure_evicts_retain_tier_last_and_cheapest_first() {
     assert_eq!(begin.source, KvSource::Resident);
     // Need all 9 (minus 3 the returning one holds): the retained tier goes last, but goes.
     kv2.free_seq(9);
-    assert!(kv2.make_room(9, 200, &mut io));
+    assert!(kv2.make_room_io(9, 200, &mut io));
     assert_eq!(kv2.stats().evictions_of("free", EvictAction::Drop), 1);
     assert_eq!(kv2.stats().evictions_of("ent", EvictAction::Drop), 1);
 }
@@ -332,9 +332,14 @@ fn preempted_sequence_offloads_and_resumes() {
     let mut io = MemBlockIo::new(4, BYTES);
     let p = toks(0..13);
     run_prompt(&mut kv, &mut io, 1, PRO, &p, None, 0);
-    let out = kv.preempt_seq(1, &p, 1, &mut io);
-    assert_eq!(out, Preempted::Offloaded(Place::Host));
+    let out = kv.preempt_seq_io(1, &p, 1, &mut io);
+    assert_eq!(out, Preempted::Offloading);
     assert_eq!(kv.blocks_used(), 0);
+    assert_eq!(
+        kv.host_bytes_used(),
+        4 * BYTES,
+        "the answered offload landed in host RAM"
+    );
     let mut more = p.clone();
     more.push(99);
     let begin = run_prompt(&mut kv, &mut io, 1, PRO, &more, None, 2);
@@ -346,12 +351,12 @@ fn preempted_sequence_offloads_and_resumes() {
         }
     );
     // A dropped preemption recomputes (shared full blocks may still hit).
-    let out = kv.preempt_seq(1, &more, 3, &mut io);
-    assert_eq!(out, Preempted::Offloaded(Place::Host));
+    let out = kv.preempt_seq_io(1, &more, 3, &mut io);
+    assert_eq!(out, Preempted::Offloading);
     kv.free_seq(1);
     assert_eq!(kv.host_bytes_used(), 0);
     run_prompt(&mut kv, &mut io, 2, FREE, &p, None, 4);
-    assert_eq!(kv.preempt_seq(2, &p, 5, &mut io), Preempted::Dropped);
+    assert_eq!(kv.preempt_seq_io(2, &p, 5, &mut io), Preempted::Dropped);
     let begin = run_prompt(&mut kv, &mut io, 2, FREE, &p, None, 6);
     assert_eq!(begin.source, KvSource::Recompute);
     assert_eq!(begin.computed, 12);
@@ -363,11 +368,11 @@ fn no_room_is_none_and_changes_nothing() {
     let mut io = MemBlockIo::new(3, BYTES);
     run_prompt(&mut kv, &mut io, 1, FREE, &toks(0..8), None, 0);
     assert!(
-        kv.begin_seq(start(2, FREE, &toks(50..60), None, 10), 0, &mut io)
+        kv.begin_seq_io(start(2, FREE, &toks(50..60), None, 10), 0, &mut io)
             .is_none()
     );
     assert!(!kv.has_seq(2));
-    assert!(kv.allocate_slots(1, 13, 0, &mut io).is_none());
+    assert!(kv.allocate_slots_io(1, 13, 0, &mut io).is_none());
     assert_eq!(kv.block_table(1).unwrap().len(), 2);
     kv.check().unwrap();
 }
@@ -398,7 +403,7 @@ fn unreadable_blocks_are_dropped_not_offloaded() {
     let t = toks(0..10);
     run_prompt(&mut kv, &mut io, 1, PRO, &t, Some("s"), 0);
     kv.finish_seq(1, Some("s"), &t, 0);
-    assert!(kv.make_room(4, 1, &mut UnreadableIo));
+    assert!(kv.make_room_io(4, 1, &mut UnreadableIo));
     assert_eq!(kv.stats().evictions_of("pro", EvictAction::Drop), 1);
     assert_eq!(kv.host_bytes_used(), 0);
     kv.check().unwrap();
@@ -413,7 +418,7 @@ fn spill_session(
 ) -> std::path::PathBuf {
     run_prompt(kv, io, 1, PRO, t, Some("s"), 0);
     kv.finish_seq(1, Some("s"), t, 0);
-    assert!(kv.make_room(4, 1, io));
+    assert!(kv.make_room_io(4, 1, io));
     assert_eq!(kv.stats().evictions_of("pro", EvictAction::Offload), 1);
     assert_eq!(kv.host_bytes_used(), 0);
     let files: Vec<_> = std::fs::read_dir(dir)
@@ -503,13 +508,13 @@ fn failed_block_write_on_restore_from_host_is_a_counted_recompute() {
     let t = toks(0..10);
     run_prompt(&mut kv, &mut io, 1, PRO, &t, Some("s"), 0);
     kv.finish_seq(1, Some("s"), &t, 0);
-    assert!(kv.make_room(4, 1, &mut io));
+    assert!(kv.make_room_io(4, 1, &mut io));
     assert_eq!(kv.host_bytes_used(), 3 * BYTES);
     run_prompt(&mut kv, &mut io, 9, FREE, &toks(100..116), None, 1);
     kv.free_seq(9);
     let mut bad = UnwritableIo(io);
     let begin = kv
-        .begin_seq(start(2, PRO, &t, Some("s"), t.len()), 2, &mut bad)
+        .begin_seq_io(start(2, PRO, &t, Some("s"), t.len()), 2, &mut bad)
         .unwrap();
     assert_eq!(
         begin,

@@ -13,7 +13,7 @@ use std::collections::HashMap;
 
 use thiserror::Error;
 
-use crate::block_io::BlockIo;
+use crate::kv_cache::TransferPlan;
 use crate::kv_cache::{KvCacheManager, SeqId, Tiers};
 
 use super::config::SchedulerConfig;
@@ -274,9 +274,11 @@ impl Scheduler {
         self.kv.forget_session(session);
     }
 
-    /// Applies idle-session TTLs without scheduling (for an engine with nothing to run).
-    pub fn tick(&mut self, now: u64, io: &mut dyn BlockIo) {
-        self.kv.evict_expired(now, io);
+    /// Applies idle-session TTLs without scheduling (for an engine with nothing to run); the
+    /// offloads it decides are returned, to be executed and answered like a step's.
+    pub fn tick(&mut self, now: u64) -> TransferPlan {
+        self.kv.evict_expired(now);
+        self.kv.take_transfers()
     }
 
     /// Verifies the invariants in the module note and the KV cache's.

@@ -4,8 +4,8 @@
 //! run out (its tier decides offload or drop + recompute).
 //!
 //! One step, as the engine loop drives it (here with an in-memory block store and a runner
-//! that always samples token 2; the real loop passes the runner's paged KV store as the
-//! `BlockIo` and builds one `SeqChunk` per `ScheduledSeq`):
+//! that always samples token 2; the real loop executes the moves on the runner's paged KV
+//! store, its `BlockIo`, and builds one `SeqChunk` per `ScheduledSeq`):
 //! ```
 //! use tidegate_kv::kv_cache::{KvCacheManager, KvConfig, MemBlockIo, Tiers};
 //! use tidegate_kv::scheduler::{NewRequest, Scheduler, SchedulerConfig};
@@ -25,7 +25,9 @@
 //! sched.add_request(req, 0).expect("queued");
 //! let mut now_ms = 0;
 //! while sched.num_running() + sched.num_waiting() > 0 {
-//!     let out = sched.schedule(now_ms, &mut store); // KV moves happen in here
+//!     let mut out = sched.schedule(now_ms); // decides; KV block moves come back as data
+//!     let answers = std::mem::take(&mut out.transfers).execute(&mut store); // batched
+//!     sched.apply_transfers(answers, &mut out, now_ms); // a failed move → recompute
 //!     // runner.step(&[SeqChunk { tokens: &c.tokens, start_pos: c.start_pos,
 //!     //     block_table: &c.block_table, want_logits: c.want_logits }, ...]), then sample:
 //!     let sampled: Vec<(u64, u32)> = out
@@ -58,6 +60,7 @@ pub mod metrics;
 pub mod output;
 pub mod request;
 pub mod step;
+pub mod transfers;
 
 pub use config::SchedulerConfig;
 pub use core::{AddError, Scheduler};

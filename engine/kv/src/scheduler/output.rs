@@ -6,7 +6,7 @@
 //! `start_pos..start_pos + tokens.len()` are covered by its `block_table`; a preempted id is
 //! not scheduled in the same step; an expired id is neither scheduled nor live.
 
-use crate::kv_cache::{BlockId, KvSource, SeqId};
+use crate::kv_cache::{BlockId, KvSource, SeqId, TransferPlan};
 
 use super::request::FinishReason;
 
@@ -44,6 +44,8 @@ pub struct SchedulerOutput {
     /// Requests refused in this step because they waited past their tier's queue-wait
     /// target without being admitted (they are no longer live).
     pub expired: Vec<Expired>,
+    /// KV block moves decided in this step, in order: executed before the forward pass.
+    pub transfers: TransferPlan,
 }
 
 /// A request that waited past its tier's queue-wait target and was dropped from the queue.

@@ -22,12 +22,12 @@
 //! - no waiting request is admitted in a step that preempted (memory is tight), and a request
 //!   preempted in this step is not re-admitted in the same step.
 //!
-//! Offload, restore and copy-on-write bytes move through `BlockIo` during `schedule`, so when
-//! it returns the paged store is ready for the forward pass.
+//! Offload, restore and copy-on-write are decided here and returned as data
+//! (`SchedulerOutput::transfers`): the engine loop executes them in batches before the forward
+//! pass and hands the answers to [`Scheduler::apply_transfers`] (`transfers.rs`).
 
 use std::cmp::Reverse;
 
-use crate::block_io::BlockIo;
 use crate::kv_cache::{KvSource, SeqId, SeqStart};
 
 use super::core::Scheduler;
@@ -43,10 +43,11 @@ struct Chunk {
 }
 
 impl Scheduler {
-    /// Plans one step at time `now` (monotonic ms). KV transfers it decides (offload on
-    /// eviction or preemption, restore, copy-on-write) are done through `io` before it returns.
-    pub fn schedule(&mut self, now: u64, io: &mut dyn BlockIo) -> SchedulerOutput {
-        self.kv.evict_expired(now, io);
+    /// Plans one step at time `now` (monotonic ms). The KV block moves it decides (offload on
+    /// eviction or preemption, restore, copy-on-write) are in `transfers`, to be executed
+    /// before the forward pass and answered ([`Scheduler::apply_transfers`]).
+    pub fn schedule(&mut self, now: u64) -> SchedulerOutput {
+        self.kv.evict_expired(now);
         // Before admission: a request already past its target is refused, not started late.
         let expired = self.expire_waiting(now);
         let mut out = SchedulerOutput {
@@ -57,9 +58,9 @@ impl Scheduler {
         let mut chunks: Vec<Chunk> = Vec::new();
         let mut budget = self.cfg.max_num_tokens;
         self.sort_running(now);
-        self.schedule_running(now, io, &mut chunks, &mut budget, &mut out);
+        self.schedule_running(now, &mut chunks, &mut budget, &mut out);
         if out.preempted.is_empty() {
-            self.schedule_waiting(now, io, &mut chunks, &mut budget, &mut out);
+            self.schedule_waiting(now, &mut chunks, &mut budget, &mut out);
         }
         for &id in &out.preempted {
             if self
@@ -72,6 +73,7 @@ impl Scheduler {
             }
         }
         self.build_output(chunks, now, &mut out);
+        out.transfers = self.kv.take_transfers();
         out
     }
 
@@ -102,7 +104,6 @@ impl Scheduler {
     fn schedule_running(
         &mut self,
         now: u64,
-        io: &mut dyn BlockIo,
         chunks: &mut Vec<Chunk>,
         budget: &mut usize,
         out: &mut SchedulerOutput,
@@ -128,7 +129,7 @@ impl Scheduler {
                 continue;
             }
             loop {
-                if self.kv.allocate_slots(id, start + len, now, io).is_some() {
+                if self.kv.allocate_slots(id, start + len, now).is_some() {
                     chunks.push(Chunk {
                         id,
                         start,
@@ -143,7 +144,7 @@ impl Scheduler {
                 let Some(victim) = self.lowest_running(now) else {
                     return;
                 };
-                self.preempt_scheduled(victim, now, io, chunks, budget, out);
+                self.preempt_scheduled(victim, now, chunks, budget, out);
                 if victim == id {
                     break;
                 }
@@ -154,7 +155,6 @@ impl Scheduler {
     fn schedule_waiting(
         &mut self,
         now: u64,
-        io: &mut dyn BlockIo,
         chunks: &mut Vec<Chunk>,
         budget: &mut usize,
         out: &mut SchedulerOutput,
@@ -185,7 +185,6 @@ impl Scheduler {
                         chunk,
                     },
                     now,
-                    io,
                 ) {
                     break Some(b);
                 }
@@ -196,7 +195,7 @@ impl Scheduler {
                 let Some(victim) = victim else {
                     break None;
                 };
-                self.preempt_scheduled(victim, now, io, chunks, budget, out);
+                self.preempt_scheduled(victim, now, chunks, budget, out);
             };
             let Some(begun) = begun else {
                 break;
@@ -239,7 +238,6 @@ impl Scheduler {
         &mut self,
         victim: SeqId,
         now: u64,
-        io: &mut dyn BlockIo,
         chunks: &mut Vec<Chunk>,
         budget: &mut usize,
         out: &mut SchedulerOutput,
@@ -247,18 +245,17 @@ impl Scheduler {
         if let Some(pos) = chunks.iter().position(|c| c.id == victim) {
             *budget += chunks.remove(pos).len;
         }
-        self.preempt(victim, now, io, out);
+        self.preempt(victim, now, out);
     }
 
     /// Takes a running sequence's blocks (offload or drop per its tier) and sends it back to
     /// waiting with nothing computed on the device.
-    fn preempt(&mut self, id: SeqId, now: u64, io: &mut dyn BlockIo, out: &mut SchedulerOutput) {
+    fn preempt(&mut self, id: SeqId, now: u64, out: &mut SchedulerOutput) {
         self.running.retain(|&r| r != id);
         let Some(req) = self.reqs.get_mut(&id) else {
             return;
         };
-        self.kv
-            .preempt_seq(id, &req.tokens[..req.computed], now, io);
+        self.kv.preempt_seq(id, &req.tokens[..req.computed], now);
         req.computed = 0;
         req.state = State::Waiting;
         self.stats.preemptions += 1;

@@ -62,7 +62,7 @@ fn req(id: SeqId, tier: usize, prompt: usize, max_new: usize) -> NewRequest {
 
 /// One engine-loop step with a sampler that always answers 7.
 fn step(s: &mut Scheduler, io: &mut MemBlockIo, now: u64) -> (SchedulerOutput, Vec<Finished>) {
-    let out = s.schedule(now, io);
+    let out = s.schedule_with(now, io);
     let c = *s.config();
     assert!(out.num_tokens <= c.max_num_tokens);
     assert!(out.scheduled.len() <= c.max_num_seqs);
@@ -411,9 +411,9 @@ fn pushed_tier_table_keeps_requests_on_their_tier_by_name() {
 fn a_failed_step_is_retried() {
     let (mut s, mut io) = sched(64, cfg(8, 4), PressureAction::Drop);
     s.add_request(req(1, LOW, 5, 2), 0).unwrap();
-    let first = s.schedule(0, &mut io);
+    let first = s.schedule_with(0, &mut io);
     // The runner failed: no update. The same chunk comes back.
-    let again = s.schedule(1, &mut io);
+    let again = s.schedule_with(1, &mut io);
     assert_eq!(first.scheduled[0].tokens, again.scheduled[0].tokens);
     assert_eq!(
         first.scheduled[0].block_table,

@@ -10,7 +10,7 @@
 use candle_core::{DType, Device, Tensor};
 
 use crate::error::Result;
-use tidegate_kv::block_io::{BlockIoCause, BlockIoError, BlockOp};
+use tidegate_kv::block_io::{BlockIoCause, BlockIoError, BlockOp, first};
 
 type IoResult<T> = std::result::Result<T, BlockIoError>;
 
@@ -124,53 +124,112 @@ impl DeviceKv {
 
     /// The image of `block` into `out`.
     pub fn read_block(&self, block: u32, out: &mut Vec<u8>) -> IoResult<()> {
-        let at = self.rows_of(BlockOp::Read, block)?;
-        let dev = |e: candle_core::Error| device_err(BlockOp::Read, block, e);
-        out.clear();
-        for t in self.k.iter().chain(&self.v) {
-            let rows = t.narrow(0, at, self.shape.block_size).map_err(dev)?;
-            append_bytes(&rows, out).map_err(dev)?;
-        }
-        Ok(())
+        self.read_blocks(&[block], out)
     }
 
     /// Overwrites `block` with `data`.
     pub fn write_block(&mut self, block: u32, data: &[u8]) -> IoResult<()> {
-        let at = self.rows_of(BlockOp::Write, block)?;
-        let want = self.block_bytes();
-        if data.len() != want {
-            let cause = BlockIoCause::WrongSize {
-                got: data.len(),
-                want,
-            };
-            return Err(BlockIoError::new(BlockOp::Write, block, cause));
-        }
-        let dev = |e: candle_core::Error| device_err(BlockOp::Write, block, e);
-        let part = want / (2 * self.shape.layers);
-        let dims = [self.shape.block_size, self.shape.row()];
-        for (i, t) in self.k.iter().chain(&self.v).enumerate() {
-            let bytes = &data[i * part..(i + 1) * part];
-            let src =
-                Tensor::from_raw_buffer(bytes, self.dtype, &dims, &self.device).map_err(dev)?;
-            t.slice_set(&src, 0, at).map_err(dev)?;
-        }
-        Ok(())
+        self.write_blocks(&[block], data)
     }
 
     /// Copies `src` onto `dst` (copy-on-write of a shared partial block).
     pub fn copy_block(&mut self, src: u32, dst: u32) -> IoResult<()> {
-        let from = self.rows_of(BlockOp::Copy, src)?;
-        let to = self.rows_of(BlockOp::Copy, dst)?;
-        let dev = |e: candle_core::Error| device_err(BlockOp::Copy, dst, e);
-        for t in self.k.iter().chain(&self.v) {
-            // `copy` gives the rows their own storage: slice_set refuses a shared source.
-            let rows = t
-                .narrow(0, from, self.shape.block_size)
-                .and_then(|r| r.copy())
-                .map_err(dev)?;
-            t.slice_set(&rows, 0, to).map_err(dev)?;
+        self.copy_blocks(&[(src, dst)])
+    }
+
+    /// The images of `blocks` into `out`, in order: per K or V tensor of each layer, one
+    /// gather of all the blocks' rows and one device→host copy.
+    pub fn read_blocks(&self, blocks: &[u32], out: &mut Vec<u8>) -> IoResult<()> {
+        let dev = |e: candle_core::Error| device_err(BlockOp::Read, first(blocks), e);
+        let rows = self.rows(BlockOp::Read, blocks)?;
+        let index = Tensor::from_vec(rows, blocks.len() * self.shape.block_size, &self.device)
+            .map_err(dev)?;
+        let bb = self.block_bytes();
+        let part = bb / (2 * self.shape.layers);
+        out.clear();
+        out.resize(blocks.len() * bb, 0);
+        let mut host = Vec::with_capacity(blocks.len() * part);
+        for (t_at, t) in self.k.iter().chain(&self.v).enumerate() {
+            let picked = t.index_select(&index, 0).map_err(dev)?;
+            host.clear();
+            append_bytes(&picked, &mut host).map_err(dev)?;
+            for (i, img) in host.chunks_exact(part).enumerate() {
+                let at = i * bb + t_at * part;
+                out[at..at + part].copy_from_slice(img);
+            }
         }
         Ok(())
+    }
+
+    /// Writes `data` (the images of `blocks`, in order) into `blocks`: per K or V tensor of
+    /// each layer, one host→device copy of all the blocks' rows and one scatter.
+    pub fn write_blocks(&mut self, blocks: &[u32], data: &[u8]) -> IoResult<()> {
+        let bb = self.block_bytes();
+        if data.len() != blocks.len() * bb {
+            let cause = BlockIoCause::WrongSize {
+                got: data.len(),
+                want: blocks.len() * bb,
+            };
+            return Err(BlockIoError::new(BlockOp::Write, first(blocks), cause));
+        }
+        let slots = self.rows(BlockOp::Write, blocks)?;
+        let dev = |e: candle_core::Error| device_err(BlockOp::Write, first(blocks), e);
+        let index = self.slot_index(&slots).map_err(|e| {
+            BlockIoError::new(
+                BlockOp::Write,
+                first(blocks),
+                BlockIoCause::Device(e.to_string()),
+            )
+        })?;
+        let part = bb / (2 * self.shape.layers);
+        let dims = [blocks.len() * self.shape.block_size, self.shape.row()];
+        let mut staged = vec![0u8; blocks.len() * part];
+        for (t_at, t) in self.k.iter().chain(&self.v).enumerate() {
+            for (i, dst) in staged.chunks_exact_mut(part).enumerate() {
+                let at = i * bb + t_at * part;
+                dst.copy_from_slice(&data[at..at + part]);
+            }
+            let src =
+                Tensor::from_raw_buffer(&staged, self.dtype, &dims, &self.device).map_err(dev)?;
+            t.scatter_set(&index, &src, 0).map_err(dev)?;
+        }
+        Ok(())
+    }
+
+    /// Copies each `(src, dst)` pair: per K or V tensor of each layer, one gather and one
+    /// scatter for all the pairs.
+    pub fn copy_blocks(&mut self, pairs: &[(u32, u32)]) -> IoResult<()> {
+        let srcs: Vec<u32> = pairs.iter().map(|p| p.0).collect();
+        let dsts: Vec<u32> = pairs.iter().map(|p| p.1).collect();
+        let from_rows = self.rows(BlockOp::Copy, &srcs)?;
+        let slots = self.rows(BlockOp::Copy, &dsts)?;
+        let dev = |e: candle_core::Error| device_err(BlockOp::Copy, first(&dsts), e);
+        let from = Tensor::from_vec(from_rows, slots.len(), &self.device).map_err(dev)?;
+        let to = self.slot_index(&slots).map_err(|e| {
+            BlockIoError::new(
+                BlockOp::Copy,
+                first(&dsts),
+                BlockIoCause::Device(e.to_string()),
+            )
+        })?;
+        for t in self.k.iter().chain(&self.v) {
+            // The gather gives the rows their own storage before the pool is written.
+            let rows = t.index_select(&from, 0).map_err(dev)?;
+            t.scatter_set(&to, &rows, 0).map_err(dev)?;
+        }
+        Ok(())
+    }
+
+    /// The pool rows of `blocks` (each block's `block_size` rows, in order); an out-of-range
+    /// block is refused before anything moves.
+    fn rows(&self, op: BlockOp, blocks: &[u32]) -> IoResult<Vec<u32>> {
+        let bs = self.shape.block_size;
+        let mut rows = Vec::with_capacity(blocks.len() * bs);
+        for &b in blocks {
+            let at = self.rows_of(op, b)?;
+            rows.extend((at..at + bs).map(|r| r as u32));
+        }
+        Ok(rows)
     }
 }
 
@@ -182,19 +241,77 @@ fn device_err(op: BlockOp, block: u32, e: candle_core::Error) -> BlockIoError {
 fn append_bytes(t: &Tensor, out: &mut Vec<u8>) -> candle_core::Result<()> {
     let flat = t.flatten_all()?;
     match t.dtype() {
-        DType::F32 => flat
-            .to_vec1::<f32>()?
-            .iter()
-            .for_each(|x| out.extend_from_slice(&x.to_le_bytes())),
-        DType::BF16 => flat
-            .to_vec1::<half::bf16>()?
-            .iter()
-            .for_each(|x| out.extend_from_slice(&x.to_le_bytes())),
-        DType::F16 => flat
-            .to_vec1::<half::f16>()?
-            .iter()
-            .for_each(|x| out.extend_from_slice(&x.to_le_bytes())),
+        DType::F32 => put_le(&flat.to_vec1::<f32>()?, out, f32::to_le_bytes),
+        DType::BF16 => put_le(&flat.to_vec1::<half::bf16>()?, out, half::bf16::to_le_bytes),
+        DType::F16 => put_le(&flat.to_vec1::<half::f16>()?, out, half::f16::to_le_bytes),
         other => candle_core::bail!("KV pool dtype {other:?} has no block image"),
     }
     Ok(())
+}
+
+/// Appends `xs` as little-endian bytes, converted into one pre-sized slice.
+fn put_le<T: Copy, const N: usize>(xs: &[T], out: &mut Vec<u8>, le: fn(T) -> [u8; N]) {
+    let at = out.len();
+    out.resize(at + xs.len() * N, 0);
+    for (d, &x) in out[at..].chunks_exact_mut(N).zip(xs) {
+        d.copy_from_slice(&le(x));
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)]
+    use super::*;
+
+    fn pool() -> DeviceKv {
+        let shape = PoolShape {
+            layers: 2,
+            kv_heads: 1,
+            head_dim: 3,
+            block_size: 2,
+            num_blocks: 4,
+        };
+        let kv = DeviceKv::new(shape, DType::F32, &Device::Cpu).unwrap();
+        // Every row of every tensor distinct: row r of tensor t holds t*100 + r*10 + col.
+        for (t, tensor) in kv.k.iter().chain(&kv.v).enumerate() {
+            let vals: Vec<f32> = (0..8 * 3)
+                .map(|i| (t * 100 + (i / 3) * 10 + i % 3) as f32)
+                .collect();
+            let src = Tensor::from_vec(vals, (8, 3), &Device::Cpu).unwrap();
+            tensor.slice_set(&src, 0, 0).unwrap();
+        }
+        kv
+    }
+
+    /// The image format, computed independently: each tensor's rows of the block, K tensors
+    /// of every layer then V tensors, little-endian.
+    fn reference_image(kv: &DeviceKv, block: usize) -> Vec<u8> {
+        let mut out = Vec::new();
+        for t in kv.k.iter().chain(&kv.v) {
+            let rows = t.narrow(0, block * 2, 2).unwrap().flatten_all().unwrap();
+            for x in rows.to_vec1::<f32>().unwrap() {
+                out.extend_from_slice(&x.to_le_bytes());
+            }
+        }
+        out
+    }
+
+    #[test]
+    fn batched_moves_match_the_reference_image_format() {
+        let mut kv = pool();
+        let (one, three) = (reference_image(&kv, 1), reference_image(&kv, 3));
+        let mut both = Vec::new();
+        kv.read_blocks(&[3, 1], &mut both).unwrap();
+        assert_eq!(both, [three.clone(), one.clone()].concat());
+        kv.write_blocks(&[0, 2], &both).unwrap();
+        assert_eq!(reference_image(&kv, 0), three);
+        assert_eq!(reference_image(&kv, 2), one);
+        kv.copy_blocks(&[(1, 3), (0, 1)]).unwrap();
+        assert_eq!(reference_image(&kv, 3), one);
+        assert_eq!(reference_image(&kv, 1), three);
+        let err = kv.read_blocks(&[0, 4], &mut both).unwrap_err();
+        assert_eq!((err.op, err.block), (BlockOp::Read, 4));
+        let err = kv.write_blocks(&[0], &both).unwrap_err();
+        assert!(matches!(err.cause, BlockIoCause::WrongSize { .. }));
+    }
 }

@@ -323,6 +323,23 @@ impl BlockIo for CandleRunner {
     fn copy_block(&mut self, src: u32, dst: u32) -> std::result::Result<(), BlockIoError> {
         self.kv.copy_block(src, dst)
     }
+    fn read_blocks(
+        &self,
+        blocks: &[u32],
+        out: &mut Vec<u8>,
+    ) -> std::result::Result<(), BlockIoError> {
+        self.kv.read_blocks(blocks, out)
+    }
+    fn write_blocks(
+        &mut self,
+        blocks: &[u32],
+        data: &[u8],
+    ) -> std::result::Result<(), BlockIoError> {
+        self.kv.write_blocks(blocks, data)
+    }
+    fn copy_blocks(&mut self, pairs: &[(u32, u32)]) -> std::result::Result<(), BlockIoError> {
+        self.kv.copy_blocks(pairs)
+    }
 }
 
 #[cfg(test)]

@@ -19,7 +19,9 @@ use std::time::{Duration, Instant};
 use crate::backend::{FinishReason, SubmitError, TokenEvent, Usage};
 use crate::metrics::Metrics;
 use tidegate_kv::kv_cache::{KvCacheManager, KvConfig, SeqId, StoreConfig, Tiers};
-use tidegate_kv::scheduler::{AddError, Expired, NewRequest, Scheduler, SchedulerConfig};
+use tidegate_kv::scheduler::{
+    AddError, Expired, NewRequest, Scheduler, SchedulerConfig, SchedulerOutput,
+};
 use tidegate_runner::error::Result;
 use tidegate_runner::model::Tokenizer;
 use tidegate_runner::{ModelRunner, RunnerConfig, SeqChunk};
@@ -257,14 +259,34 @@ impl Owner {
         }
     }
 
+    /// Executes the KV block moves `out` decided, batched, on the runner's paged store, and
+    /// applies the answers (a failed restore or copy moves its sequence's chunk back to
+    /// recompute): after this, the store is ready for `out`'s forward pass.
+    fn move_blocks(&mut self, out: &mut SchedulerOutput, now: u64) {
+        let plan = std::mem::take(&mut out.transfers);
+        if plan.is_empty() {
+            return;
+        }
+        let (moves, blocks) = (plan.moves().len(), plan.blocks());
+        let started = Instant::now();
+        let answers = plan.execute(self.runner.as_mut());
+        tracing::debug!(moves, blocks, took = ?started.elapsed(), "KV blocks moved");
+        self.sched.apply_transfers(answers, out, now);
+    }
+
     /// One scheduling step and its forward pass.
     fn turn(&mut self) {
         self.sweep();
         let now = self.now_ms();
-        let out = self.sched.schedule(now, self.runner.as_mut());
+        let mut out = self.sched.schedule(now);
+        self.move_blocks(&mut out, now);
         self.refuse_expired(&out.expired);
         if out.is_empty() {
-            self.sched.tick(now, self.runner.as_mut());
+            let mut idle = SchedulerOutput {
+                transfers: self.sched.tick(now),
+                ..SchedulerOutput::default()
+            };
+            self.move_blocks(&mut idle, now);
             publish(&self.metrics, &self.sched);
             if !self.live.is_empty() {
                 std::thread::sleep(BLOCKED_TICK);
