@@ -13,9 +13,9 @@ use tidegate_api::{InferencePool, InferencePoolSpec};
 use tidegate_engine::runner::DeviceChoice;
 use tidegate_engine::server::cli::{ServeArgs, parse_serve, serve_command};
 use tidegate_operator::k8s::deployment::{KV_OFFLOAD_MOUNT, model_location, pod_template};
-use tidegate_operator::local::files::load_manifests;
-use tidegate_operator::local::runtime::{LocalRuntime, LocalRuntimeConfig};
+use tidegate_operator::manifests::load_manifests;
 use tidegate_operator::ports::PoolRef;
+use tidegate_operator::workload_runtime::local::{LocalRuntime, LocalRuntimeConfig};
 
 fn repo() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR"))

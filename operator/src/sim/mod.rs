@@ -56,10 +56,11 @@ mod trace_file;
 use serde::Serialize;
 use tidegate_api::{InferencePoolSpec, TierPolicySpec};
 
+pub use dynamics::TimePoint;
 pub use policy::{BaselineSettings, PlanMemory, PolicyKind};
 pub use pool::PodModel;
 pub use report::{RunResult, table};
-pub use run::{Driver, RunOutput, Scenario, TimePoint, run, run_scenario};
+pub use run::{Driver, RunOutput, Scenario, run, run_scenario};
 pub use steady::{SteadyState, steady_state};
 pub use trace::{Trace, TraceKind};
 
