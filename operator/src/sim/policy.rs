@@ -428,3 +428,36 @@ impl Controller {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::sim::trace::{Trace, TraceKind};
+    use crate::sim::{SimConfig, pool_spec};
+
+    #[test]
+    fn the_plans_target_goes_through_decide_and_a_scale_down_drains_at_once() {
+        let cfg = SimConfig::new(1, 1.0);
+        let spec = pool_spec(&Trace::new(TraceKind::Tidal, 1.0, 1), &cfg).expect("spec");
+        let mut pool = Pool::new(cfg.model);
+        for _ in 0..3 {
+            pool.add_ready(0);
+        }
+        let mut created = Vec::new();
+        pool.scale_to(4, 0, &mut created);
+        let workload = workload_of(&pool);
+        let ready: Vec<bool> = workload.endpoints.iter().map(|e| e.ready).collect();
+        assert_eq!(
+            ready,
+            [true, true, true, false],
+            "a starting pod is not ready"
+        );
+
+        let mut memory = ActionMemory::default();
+        assert_eq!(decided_replicas(&spec, 6, &pool, 1_000, &mut memory), 6);
+        assert_eq!(decided_replicas(&spec, 4, &pool, 2_000, &mut memory), 4);
+        assert_eq!(decided_replicas(&spec, 2, &pool, 3_000, &mut memory), 2);
+        assert!(memory.draining.is_empty(), "the victims drained and left");
+        assert_eq!(memory.applied_generation, Some(1));
+    }
+}

@@ -12,6 +12,7 @@ use std::time::Instant;
 use tidegate_api::AdmissionState;
 use tracing::info;
 
+use crate::plan::EventPlan;
 use crate::ports::{PoolRef, PoolReport, StatusError, StatusSink};
 use crate::status_write::StatusWrite;
 
@@ -99,10 +100,38 @@ impl StatusSink for ConsoleSink {
     async fn report(&self, r: &PoolReport<'_>) -> Result<StatusWrite, StatusError> {
         println!("{}", self.row(r));
         for e in &r.plan.events {
-            println!("    {} event {:?} {}: {}", r.pool, e.kind, e.reason, e.note);
+            println!("{}", event_line(r.pool, e));
         }
         info!(pool = %r.pool, decision = %r.plan.explanation, "tick");
         // Every tick is shown: the console has no write to save.
         Ok(StatusWrite::Changed)
+    }
+}
+
+/// An event under the table, e.g. `    local/demo event Normal ScaledUp: 1 → 2 replicas: …`.
+fn event_line(pool: &PoolRef, e: &EventPlan) -> String {
+    format!("    {pool} event {:?} {}: {}", e.kind, e.reason, e.note)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::plan::EventKind;
+
+    #[test]
+    fn an_event_line_names_its_pool_before_the_event() {
+        let pool = PoolRef {
+            namespace: "local".into(),
+            name: "chat".into(),
+        };
+        let e = EventPlan {
+            kind: EventKind::Normal,
+            reason: "ScaledDown",
+            note: "2 → 1 replicas: quiet".into(),
+        };
+        assert_eq!(
+            event_line(&pool, &e),
+            "    local/chat event Normal ScaledDown: 2 → 1 replicas: quiet"
+        );
     }
 }
