@@ -15,7 +15,7 @@
 //! - Ticks of different pools run concurrently; ticks of one pool run one at a time (each
 //!   pool's memory has its own lock), so a slow pool never holds up the others.
 
-mod decide;
+pub mod decide;
 
 use std::collections::{BTreeMap, HashMap};
 use std::sync::{Arc, Mutex};

@@ -35,7 +35,7 @@ enum Command {
     /// `<pool>` on the routers), for review and `kubectl diff`.
     Render(tidegate_operator::k8s::render::RenderArgs),
     /// Run the operator against an API server (in a cluster or from a kubeconfig).
-    Run(tidegate_operator::k8s::run::RunArgs),
+    Run(tidegate_operator::run::RunArgs),
     /// Run tidegate on this machine: engine processes, the real control loop, and a tidal
     /// load that shows the pool scale up, pause new tenants at its ceiling, and recover.
     Local(tidegate_operator::local::LocalArgs),
@@ -54,7 +54,7 @@ fn main() -> anyhow::Result<()> {
             check,
         } => crds(&root, stdout, check),
         Command::Render(args) => tidegate_operator::k8s::render::run(&args),
-        Command::Run(args) => tidegate_operator::k8s::run::main(args),
+        Command::Run(args) => tidegate_operator::run::main(args),
         Command::Local(args) => {
             init_logs();
             tokio::runtime::Runtime::new()?.block_on(tidegate_operator::local::run(args))

@@ -9,6 +9,9 @@
 //! | RegistryStore   | a ConfigMap per pool                  | a file per pool                |
 //! | StatusSink      | status subresource + Events           | console table + decision log   |
 //!
+//! Adapters live in folders named for the port they implement (`workload_runtime/`,
+//! `metrics_source/`, `engine_control/`, `registry_store/`, `status_sink/`).
+//!
 //! Traits use native async fns and are used through generics (no dyn, no boxing).
 
 use std::future::Future;
@@ -16,9 +19,11 @@ use std::future::Future;
 use tidegate_api::InferencePoolSpec;
 use tidegate_api::engine_admin::{AdmittedTenants, DrainStatus, EnginePolicy};
 use tidegate_api::router::{EndpointsView, RouterEndpoints};
+use tidegate_api::status::InferencePoolStatus;
 
-use crate::plan::{MetricsProblem, PoolMetrics};
+use crate::plan::{MetricsProblem, Millis, Plan, PoolMetrics};
 use crate::registry::Registry;
+use crate::status_write::StatusWrite;
 
 /// Identifies a pool.
 #[derive(Clone, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
@@ -153,4 +158,34 @@ pub trait RegistryStore: Send + Sync {
         pool: &PoolRef,
         registry: &Registry,
     ) -> impl Future<Output = Result<(), RegistryError>> + Send;
+}
+
+/// What one tick reports about a pool.
+#[derive(Clone, Copy, Debug)]
+pub struct PoolReport<'a> {
+    pub pool: &'a PoolRef,
+    /// The status the sink's store held before this tick (None: none yet).
+    pub previous: Option<&'a InferencePoolStatus>,
+    /// The status after this tick.
+    pub status: &'a InferencePoolStatus,
+    /// The plan the status was built from: its events are published with it.
+    pub plan: &'a Plan,
+    pub workload: &'a WorkloadState,
+    /// The pool object's UID where it has one (a Kubernetes Event names its object by it).
+    pub uid: Option<&'a str>,
+    pub now: Millis,
+}
+
+/// A status sink failure (the tick is retried).
+#[derive(Debug, thiserror::Error)]
+#[error("status: {0}")]
+pub struct StatusError(pub String);
+
+/// Reports each tick's status and events where users read them.
+pub trait StatusSink: Send + Sync {
+    /// Reports one tick; answers whether, and why, the status was written.
+    fn report(
+        &self,
+        report: &PoolReport<'_>,
+    ) -> impl Future<Output = Result<StatusWrite, StatusError>> + Send;
 }

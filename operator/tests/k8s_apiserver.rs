@@ -20,7 +20,6 @@ use tidegate_api::engine_admin::{AdmittedTenants, DrainState, DrainStatus, Engin
 use tidegate_api::{InferencePool, InferencePoolSpec, TierPolicy};
 use tidegate_operator::driver::Driver;
 use tidegate_operator::k8s::controller::Context;
-use tidegate_operator::k8s::events::EventSink;
 use tidegate_operator::k8s::manager::{ControllerOptions, run_controller};
 use tidegate_operator::k8s::metrics::OperatorMetrics;
 use tidegate_operator::k8s::owners::OwnerBook;
@@ -31,6 +30,7 @@ use tidegate_operator::ports::{
     RuntimeError, WorkloadRuntime, WorkloadState,
 };
 use tidegate_operator::registry::Registry;
+use tidegate_operator::status_sink::kubernetes::EventSink;
 
 #[derive(Default)]
 struct MemRuntime(Mutex<HashMap<PoolRef, i32>>);

@@ -8,12 +8,12 @@ use tidegate_api::{InferencePool, InferencePoolSpec};
 use tidegate_operator::k8s::deployment::{self, model_location};
 use tidegate_operator::k8s::objects;
 use tidegate_operator::k8s::owners::{OwnerBook, owner_reference};
-use tidegate_operator::k8s::registry_store::{
-    DIGEST_ANNOTATION, PARTS_ANNOTATION, REGISTRY_KEY, SHARD_BYTES, registry_config_maps,
-};
 use tidegate_operator::k8s::router;
 use tidegate_operator::k8s::{router_selector_labels, selector_labels};
 use tidegate_operator::ports::PoolRef;
+use tidegate_operator::registry_store::config_map::{
+    DIGEST_ANNOTATION, PARTS_ANNOTATION, REGISTRY_KEY, SHARD_BYTES, registry_config_maps,
+};
 
 fn spec(extra: serde_json::Value) -> InferencePoolSpec {
     let mut base = serde_json::json!({

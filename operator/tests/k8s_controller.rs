@@ -24,14 +24,14 @@ use tidegate_api::status::InferencePoolStatus;
 use tidegate_operator::driver::Driver;
 use tidegate_operator::k8s::cache::Caches;
 use tidegate_operator::k8s::controller::{Context, reconcile};
-use tidegate_operator::k8s::events::EventSink;
 use tidegate_operator::k8s::lenient::Lenient;
 use tidegate_operator::k8s::metrics::OperatorMetrics;
 use tidegate_operator::k8s::owners::OwnerBook;
-use tidegate_operator::k8s::registry_store::ConfigMapRegistry;
-use tidegate_operator::k8s::runtime::K8sRuntime;
 use tidegate_operator::plan::{MetricsProblem, PoolMetrics};
 use tidegate_operator::ports::{ControlError, Endpoint, EngineControl, MetricsSource, PoolRef};
+use tidegate_operator::registry_store::config_map::ConfigMapRegistry;
+use tidegate_operator::status_sink::kubernetes::EventSink;
+use tidegate_operator::workload_runtime::kubernetes::K8sRuntime;
 
 const NOW: u64 = 1_800_000_000_000;
 

@@ -14,7 +14,7 @@ use std::time::{Duration, Instant};
 use axum::Router;
 use axum::routing::get;
 use tidegate_api::InferencePoolSpec;
-use tidegate_operator::k8s::prometheus::PrometheusMetrics;
+use tidegate_operator::metrics_source::prometheus::PrometheusMetrics;
 use tidegate_operator::plan::MetricsProblem;
 use tidegate_operator::ports::{MetricsSource, PoolRef};
 

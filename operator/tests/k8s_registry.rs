@@ -10,9 +10,9 @@ use kube::Client;
 use kube::client::Body;
 use serde_json::{Value, json};
 use tidegate_operator::k8s::owners::OwnerBook;
-use tidegate_operator::k8s::registry_store::{ConfigMapRegistry, SHARD_BYTES, part_name};
 use tidegate_operator::ports::{PoolRef, RegistryStore};
 use tidegate_operator::registry::{Registry, TenantEntry};
+use tidegate_operator::registry_store::config_map::{ConfigMapRegistry, SHARD_BYTES, part_name};
 
 const PREFIX: &str = "/api/v1/namespaces/prod/configmaps/";
 

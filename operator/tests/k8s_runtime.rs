@@ -12,8 +12,8 @@ use kube::client::Body;
 use serde_json::{Value, json};
 use tidegate_operator::k8s::cache::Caches;
 use tidegate_operator::k8s::owners::OwnerBook;
-use tidegate_operator::k8s::runtime::K8sRuntime;
 use tidegate_operator::ports::{Endpoint, PoolRef, WorkloadRuntime};
+use tidegate_operator::workload_runtime::kubernetes::K8sRuntime;
 
 /// One expected call: method, path, substrings of its query, and the answer (None: echo
 /// the body back, as a server-side apply does).

@@ -11,9 +11,9 @@ use k8s_openapi::api::core::v1::Container;
 use tidegate_api::engine_launch::{self as launch, whole_seconds};
 use tidegate_api::{InferencePool, InferencePoolSpec};
 use tidegate_operator::k8s::deployment::{KV_OFFLOAD_MOUNT, model_location, pod_template};
-use tidegate_operator::local::files::load_manifests;
-use tidegate_operator::local::runtime::{LocalRuntime, LocalRuntimeConfig};
+use tidegate_operator::manifests::load_manifests;
 use tidegate_operator::ports::PoolRef;
+use tidegate_operator::workload_runtime::local::{LocalRuntime, LocalRuntimeConfig};
 use tidegate_runner::DeviceChoice;
 use tidegate_server::cli::{ServeArgs, parse_serve, serve_command};
 

@@ -5,8 +5,9 @@
 //! TierPolicyNotFound; unreadable: Ready=False TierPolicyInvalid and Invalid on the policy;
 //! either way reconcile on with no tiers) → read API keys from the policy's Secret
 //! → tick the driver (observe, plan, decide, then drain, scale or re-apply the spec, collect
-//! and persist the registry, push) → patch status → publish plan events → record metrics →
-//! requeue after spec.scaling.interval.
+//! and persist the registry, push) → report status and plan events to the StatusSink
+//! (`KubeStatusSink`: patch the status when worth a write, publish Events) → record metrics
+//! → requeue after spec.scaling.interval.
 //!
 //! Invariants:
 //! - At most one tick per pool per interval: watch events that arrive sooner (our own status
@@ -14,7 +15,7 @@
 //!   TierPolicy changed. This keeps status patches from re-triggering reconciles in a loop.
 //! - Ticks of one pool are serialized by the driver (each pool's memory has its own lock),
 //!   which keeps the engine pushes and registry writes of one pool from racing.
-//! - Events never fail a reconcile (see `events`).
+//! - Events never fail a reconcile (see `status_sink::kubernetes`).
 
 use std::collections::{HashMap, HashSet};
 use std::sync::{Arc, Mutex};
@@ -36,14 +37,16 @@ use super::{render, unreadable};
 
 use super::api_keys::parse_api_keys;
 use super::cache::{CacheError, Caches};
-use super::events::EventSink;
 use super::metrics::OperatorMetrics;
 use super::owners::OwnerBook;
 use super::secret_texts::SecretTexts;
-use crate::driver::{Driver, DriverError, TickInput};
+use crate::driver::{Driver, DriverError, TickInput, TickOutcome};
 use crate::plan::{ConditionPlan, Millis, merge_conditions};
-use crate::ports::{EngineControl, MetricsSource, PoolRef, RegistryStore, WorkloadRuntime};
-use crate::status_write;
+use crate::ports::{
+    EngineControl, MetricsSource, PoolRef, PoolReport, RegistryStore, StatusError, StatusSink,
+    WorkloadRuntime,
+};
+use crate::status_sink::kubernetes::{EventSink, KubeStatusSink};
 
 /// Wall clock in Unix milliseconds (injectable for tests).
 pub type Clock = Arc<dyn Fn() -> Millis + Send + Sync>;
@@ -71,13 +74,16 @@ pub enum Error {
     Serialize(#[from] serde_json::Error),
     #[error("watch cache: {0}")]
     Cache(#[from] CacheError),
+    #[error(transparent)]
+    Status(#[from] StatusError),
 }
 
 impl Error {
     /// The `reason` label of tidegate_operator_reconcile_errors_total.
     pub fn metric_label(&self) -> &'static str {
         match self {
-            Error::Kube(_) => "kube",
+            // The status is written to the API server.
+            Error::Kube(_) | Error::Status(_) => "kube",
             Error::Driver(d) => d.metric_label(),
             Error::NoNamespace => "invalid",
             Error::Serialize(_) => "serialize",
@@ -93,8 +99,6 @@ struct PoolBook {
     last_tick: Option<(Instant, Option<i64>)>,
     /// Consecutive failures, for backoff.
     failures: u32,
-    /// When this operator last wrote the pool's status.
-    status_written_at: Option<Millis>,
 }
 
 /// Everything reconcile needs.
@@ -102,7 +106,8 @@ pub struct Context<W, M, E, R> {
     pub client: Client,
     pub driver: Driver<W, M, E, R>,
     pub owners: OwnerBook,
-    pub events: EventSink,
+    /// Where each tick's status and events go.
+    pub status: KubeStatusSink,
     pub metrics: Arc<OperatorMetrics>,
     pub clock: Clock,
     /// Pools whose TierPolicy changed since their last tick (skip the debounce).
@@ -135,10 +140,10 @@ where
         metrics: Arc<OperatorMetrics>,
     ) -> Self {
         Context {
+            status: KubeStatusSink::new(client.clone(), events),
             client,
             driver,
             owners,
-            events,
             metrics,
             clock: system_clock(),
             dirty: Arc::default(),
@@ -155,6 +160,26 @@ where
         f(books.entry(pool.clone()).or_default())
     }
 
+    /// Debounce: how long the pool waits before its next tick, when it ticked less than an
+    /// interval ago for the same generation and its TierPolicy did not change since.
+    fn not_due(
+        &self,
+        pool: &PoolRef,
+        generation: Option<i64>,
+        every: Duration,
+    ) -> Option<Duration> {
+        let forced = self
+            .dirty
+            .lock()
+            .map(|mut d| d.remove(pool))
+            .unwrap_or(false);
+        let wait = self.with_book(pool, |b| match b.last_tick {
+            Some((at, g)) if g == generation && !forced => every.checked_sub(at.elapsed()),
+            _ => None,
+        });
+        wait.filter(|w| *w > Duration::from_millis(500))
+    }
+
     /// Pools this controller has reconciled.
     pub fn known_pools(&self) -> Vec<PoolRef> {
         let books = self.books.lock().unwrap_or_else(|p| p.into_inner());
@@ -166,6 +191,7 @@ where
         self.driver.forget(pool);
         self.owners.forget(pool);
         self.metrics.forget(pool);
+        self.status.forget(pool);
         let mut books = self.books.lock().unwrap_or_else(|p| p.into_inner());
         books.remove(pool);
     }
@@ -383,6 +409,26 @@ where
     }
 }
 
+/// The pool's TierPolicy as found, its tiers (none when it is missing or unreadable) and its
+/// API keys (when Secrets can be read).
+async fn tiers_and_keys<W, M, E, R>(
+    ctx: &Context<W, M, E, R>,
+    ns: &str,
+    pref: &PoolRef,
+    pool: &InferencePool,
+) -> Result<(Policy, Option<TierPolicySpec>, Vec<ApiKeyEntry>), Error> {
+    let policy = load_policy(&ctx.client, &ctx.caches, ns, pool, (ctx.clock)()).await?;
+    let tiers = match &policy {
+        Policy::Found(t) => t.clone(),
+        Policy::Missing(_) | Policy::Unreadable(_) => None,
+    };
+    let keys = match (&tiers, ctx.read_secrets) {
+        (Some(t), true) => load_api_keys(&ctx.client, &ctx.secret_texts, ns, pref, t).await,
+        _ => Vec::new(),
+    };
+    Ok((policy, tiers, keys))
+}
+
 /// Ticks one readable InferencePool.
 async fn reconcile_pool<W, M, E, R>(
     pool: &InferencePool,
@@ -406,17 +452,7 @@ where
     let every = interval(pool);
     let generation = pool.meta().generation;
 
-    // Debounce: one tick per interval unless the spec or the policy changed.
-    let forced = ctx
-        .dirty
-        .lock()
-        .map(|mut d| d.remove(&pref))
-        .unwrap_or(false);
-    let wait = ctx.with_book(&pref, |b| match b.last_tick {
-        Some((at, g)) if g == generation && !forced => every.checked_sub(at.elapsed()),
-        _ => None,
-    });
-    if let Some(wait) = wait.filter(|w| *w > Duration::from_millis(500)) {
+    if let Some(wait) = ctx.not_due(&pref, generation, every) {
         return Ok(Action::requeue(wait));
     }
 
@@ -427,15 +463,7 @@ where
         // once on a spec change (a pvc:// model).
         return Ok(Action::requeue(Duration::from_secs(300)));
     }
-    let policy = load_policy(&ctx.client, &ctx.caches, &ns, pool, (ctx.clock)()).await?;
-    let tiers = match &policy {
-        Policy::Found(t) => t.clone(),
-        Policy::Missing(_) | Policy::Unreadable(_) => None,
-    };
-    let keys = match (&tiers, ctx.read_secrets) {
-        (Some(t), true) => load_api_keys(&ctx.client, &ctx.secret_texts, &ns, &pref, t).await,
-        _ => Vec::new(),
-    };
+    let (policy, tiers, keys) = tiers_and_keys(ctx, &ns, &pref, pool).await?;
 
     let now = (ctx.clock)();
     let previous = pool.status.as_ref();
@@ -454,23 +482,40 @@ where
 
     let mut status = outcome.status.clone();
     mark_policy_problem(&mut status, previous, &policy, now, generation);
-    let written_at = ctx.with_book(&pref, |b| b.status_written_at);
-    let write = status_write::decide(previous, &status, written_at, now);
-    if write.due() {
-        let api: Api<InferencePool> = Api::namespaced(ctx.client.clone(), &ns);
-        let patch = serde_json::json!({ "status": status });
-        api.patch_status(&pref.name, &PatchParams::default(), &Patch::Merge(&patch))
-            .await?;
-        ctx.with_book(&pref, |b| b.status_written_at = Some(now));
-    }
+    let uid = pool.uid();
+    let write = ctx
+        .status
+        .report(&PoolReport {
+            pool: &pref,
+            previous,
+            status: &status,
+            plan: &outcome.plan,
+            workload: &outcome.workload,
+            uid: uid.as_deref(),
+            now,
+        })
+        .await?;
     ctx.metrics.status_write(write);
+    ticked(ctx, &pref, generation, &outcome, &policy);
+    Ok(Action::requeue(every))
+}
 
-    ctx.events
-        .publish(&pool.object_ref(&()), &outcome.plan.events)
-        .await;
+/// Records a successful tick: operator metrics, the debounce book, the log line.
+fn ticked<W, M, E, R>(
+    ctx: &Context<W, M, E, R>,
+    pref: &PoolRef,
+    generation: Option<i64>,
+    outcome: &TickOutcome,
+    policy: &Policy,
+) where
+    W: WorkloadRuntime,
+    M: MetricsSource,
+    E: EngineControl,
+    R: RegistryStore,
+{
     ctx.metrics.reconciles.inc();
-    ctx.metrics.record(&pref, &outcome);
-    ctx.with_book(&pref, |b| {
+    ctx.metrics.record(pref, outcome);
+    ctx.with_book(pref, |b| {
         b.last_tick = Some((Instant::now(), generation));
         b.failures = 0;
     });
@@ -485,7 +530,6 @@ where
         decision = %outcome.plan.explanation,
         "reconciled"
     );
-    Ok(Action::requeue(every))
 }
 
 /// Backoff after a failed reconcile: 5s, 10s, 20s… capped at 5 minutes.

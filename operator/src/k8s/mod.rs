@@ -1,6 +1,9 @@
-//! The Kubernetes side of the operator: object builders (pure), the adapters behind the ports
-//! (`K8sRuntime`, `ConfigMapRegistry`, `PrometheusMetrics`), the InferencePool controller and
-//! the `run` command.
+//! The Kubernetes side of the operator: object builders (pure), watch caches, owner
+//! references, leader election and the InferencePool controller (generic over the ports).
+//! The adapters that talk to a cluster live in the folders of their ports
+//! (`workload_runtime::kubernetes`, `registry_store::config_map`, `metrics_source::prometheus`,
+//! `status_sink::kubernetes`) and `crate::run` wires them; nothing here depends on them but
+//! the status sink the controller reports to.
 //!
 //! Names and labels of what the operator creates for a pool `P` (the chart's PodMonitor,
 //! NetworkPolicy and dashboards rely on them):
@@ -23,7 +26,6 @@ pub mod cache;
 pub mod controller;
 pub mod deployment;
 pub mod engine_pods;
-pub mod events;
 pub mod image_volumes;
 pub mod leader;
 pub mod lenient;
@@ -31,21 +33,16 @@ pub mod manager;
 pub mod metrics;
 pub mod objects;
 pub mod owners;
-pub mod prometheus;
-pub mod registry_store;
 pub mod render;
 pub mod router;
-pub mod run;
-pub mod runtime;
 pub mod secret_texts;
 pub mod shutdown;
-pub mod source_switch;
 pub mod unreadable;
 
 use std::collections::BTreeMap;
 
 /// The one field manager every server-side apply of the operator uses.
-pub const FIELD_MANAGER: &str = "tidegate-operator";
+pub const FIELD_MANAGER: &str = crate::OPERATOR_NAME;
 /// `app.kubernetes.io/name` of every engine pod.
 pub const ENGINE_APP: &str = "tidegate-engine";
 /// `app.kubernetes.io/name` of every router pod (not the engines': the engine Deployment's
@@ -63,6 +60,11 @@ pub const ROUTER_HTTP_PORT: i32 = tidegate_api::router::HTTP_PORT as i32;
 pub const ROUTER_ADMIN_PORT: i32 = tidegate_api::router::ADMIN_PORT as i32;
 /// Key of the admin token in the pool's admin Secret.
 pub const ADMIN_TOKEN_KEY: &str = "token";
+
+/// Server-side apply parameters: one field manager, conflicts forced.
+pub fn apply_params() -> kube::api::PatchParams {
+    kube::api::PatchParams::apply(FIELD_MANAGER).force()
+}
 
 /// Name of the pool's admin-token Secret.
 pub fn admin_secret_name(pool: &str) -> String {

@@ -15,6 +15,8 @@ use k8s_openapi::api::policy::v1::{PodDisruptionBudget, PodDisruptionBudgetSpec}
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{LabelSelector, ObjectMeta, OwnerReference};
 use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
 
+pub use crate::admin_token::{hex, random_token};
+
 use super::{
     ADMIN_PORT, ADMIN_TOKEN_KEY, HTTP_PORT, ROUTER_HTTP_PORT, admin_secret_name, common_labels,
     engines_service_name, router_labels, router_selector_labels, selector_labels,
@@ -91,22 +93,6 @@ pub fn pod_disruption_budget(
         }),
         status: None,
     }
-}
-
-/// A fresh random admin token: 32 bytes from the OS, hex.
-pub fn random_token() -> Result<String, getrandom::Error> {
-    let mut bytes = [0u8; 32];
-    getrandom::fill(&mut bytes)?;
-    Ok(hex(&bytes))
-}
-
-/// Lower-case hex.
-pub fn hex(bytes: &[u8]) -> String {
-    use std::fmt::Write;
-    bytes.iter().fold(String::new(), |mut s, b| {
-        let _ = write!(s, "{b:02x}");
-        s
-    })
 }
 
 /// The pool's admin-token Secret (created once; never rewritten).

@@ -23,7 +23,7 @@ use tidegate_api::{InferencePool, InferencePoolSpec};
 
 use super::deployment::{self, BadPoolSpec};
 use super::{objects, router};
-use crate::local::files::load_manifests;
+use crate::manifests::load_manifests;
 use crate::plan::{self, MetricsProblem, Observation, PlanState};
 
 /// Placeholder written where the admin token would be.

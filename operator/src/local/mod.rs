@@ -1,35 +1,41 @@
 //! Local mode: the whole loop on one machine. The same InferencePool/TierPolicy YAML as in a
-//! cluster, engine processes as the workload runtime, engines' /metrics as the metrics
-//! source, the same driver and planner, and a built-in tidal load that shows the pool scale
-//! up, pause new tenants at its ceiling, reopen and scale down.
+//! cluster, every pool of the files run by the outer loop (`outer_loop`) through the same
+//! driver and planner as the cluster's controller, over local mode's ports: engine and
+//! router processes (`workload_runtime::local`), the engines' /metrics
+//! (`metrics_source::direct`), a registry file per pool (`registry_store::file`) and the
+//! console (`status_sink::console`). A built-in tidal load per pool, through the pool's
+//! router, shows each pool scale up, pause new tenants at its ceiling, reopen and scale down.
 //!
-//! Invariants: every engine started here is stopped before the command returns; the
-//! summary counts every request the load generator sent exactly once.
+//! Invariants: every engine and router started here is stopped before the command returns;
+//! each pool's summary counts every request its load generator sent exactly once; with the
+//! load, the command fails unless every pool settled (admission open, `replicas.min`, no
+//! drain) after it.
 
-pub mod engine_book;
-pub mod files;
 mod front_door;
 pub mod loadgen;
-mod process;
-mod router_process;
-pub mod runtime;
+pub mod outer_loop;
+mod summary;
 
-use std::collections::HashMap;
 use std::path::PathBuf;
+use std::sync::Arc;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
-use tidegate_api::status::InferencePoolStatus;
-use tidegate_api::{AdmissionState, InferencePool, TierPolicySpec};
+use tidegate_api::{AdmissionState, InferencePool};
 use tokio::sync::watch;
-use tracing::info;
+use tokio::task::JoinHandle;
 
-use crate::direct_metrics::DirectMetrics;
-use crate::driver::{Driver, TickInput, TickOutcome};
-use crate::engine_client::HttpEngineControl;
-use crate::ports::PoolRef;
-use files::FileRegistry;
-use loadgen::TideShape;
-use runtime::{LocalRuntime, LocalRuntimeConfig};
+use crate::admin_token::random_token;
+use crate::driver::{Driver, TickOutcome};
+use crate::engine_control::http::HttpEngineControl;
+use crate::manifests::load_manifests;
+use crate::metrics_source::direct::DirectMetrics;
+use crate::registry_store::file::FileRegistry;
+use crate::status_sink::console::ConsoleSink;
+use crate::workload_runtime::local::{LocalRuntime, LocalRuntimeConfig};
+use front_door::FrontDoor;
+use loadgen::{Tally, TideShape};
+use outer_loop::LocalPool;
+use summary::Summary;
 
 /// Options of `tidegate-operator local`.
 #[derive(Clone, Debug, clap::Args)]
@@ -87,32 +93,13 @@ fn now_ms() -> u64 {
         .unwrap_or(0)
 }
 
-/// What the summary reports.
-#[derive(Default)]
-struct Summary {
-    peak_replicas: i32,
-    /// Every replica count the pool ran, in order, without repeats.
-    path: Vec<i32>,
-    first_scale_up: Option<Duration>,
-    paused_since: Option<Instant>,
-    paused_total: Duration,
-    pauses: u32,
-    max_tier_count_paused: usize,
-}
+/// Local mode's driver: the control loop over local mode's ports.
+type LocalDriver = Driver<LocalRuntime, DirectMetrics, HttpEngineControl, FileRegistry>;
 
-/// Runs local mode.
+/// Runs local mode: every pool of the files until the load ends and they settle (or Ctrl-C).
 pub async fn run(args: LocalArgs) -> anyhow::Result<()> {
-    let manifests = files::load_manifests(&args.files)?;
-    anyhow::ensure!(
-        !manifests.pools.is_empty(),
-        "no InferencePool found in {:?}",
-        args.files
-    );
-    let policies: HashMap<String, TierPolicySpec> = manifests
-        .policies
-        .iter()
-        .map(|p| (p.metadata.name.clone().unwrap_or_default(), p.spec.clone()))
-        .collect();
+    let manifests = load_manifests(&args.files)?;
+    let mut pools = outer_loop::resolve(&manifests, &args.files)?;
     let engine_bin = match &args.engine_bin {
         Some(b) => b.clone(),
         None => std::env::current_exe()?.with_file_name("tidegate-engine"),
@@ -123,18 +110,15 @@ pub async fn run(args: LocalArgs) -> anyhow::Result<()> {
         engine_bin.display()
     );
     let base_dir = std::env::current_dir()?;
-    for pool in &manifests.pools {
-        ensure_model(&engine_bin, &base_dir, pool)?;
+    for p in &pools {
+        ensure_model(&engine_bin, &base_dir, &p.pool)?;
     }
     std::fs::create_dir_all(&args.state_dir)?;
     let runtime = LocalRuntime::new(LocalRuntimeConfig {
         engine_bin,
         base_dir,
         log_dir: args.state_dir.join("logs"),
-        admin_token: anyhow::Context::context(
-            crate::k8s::objects::random_token(),
-            "making an admin token",
-        )?,
+        admin_token: anyhow::Context::context(random_token(), "making an admin token")?,
         extra_args: Vec::new(),
         file_sd_path: None,
         // Local mode stops its engines when it ends: nothing to adopt.
@@ -147,281 +131,194 @@ pub async fn run(args: LocalArgs) -> anyhow::Result<()> {
         HttpEngineControl::new(),
         FileRegistry::new(args.state_dir.join("registry")),
     );
-
-    let pool = manifests.pools[0].clone();
-    let pref = PoolRef {
-        namespace: pool
-            .metadata
-            .namespace
-            .clone()
-            .unwrap_or_else(|| "default".into()),
-        name: pool.metadata.name.clone().unwrap_or_else(|| "pool".into()),
-    };
-    let tiers = pool
-        .spec
-        .tier_policy_ref
-        .as_ref()
-        .and_then(|r| policies.get(&r.name))
-        .cloned();
-    if let Some(r) = &pool.spec.tier_policy_ref {
-        anyhow::ensure!(
-            tiers.is_some(),
-            "TierPolicy {} referenced by {pref} is not in {:?}",
-            r.name,
-            args.files
-        );
+    let started = Instant::now();
+    let sink = ConsoleSink::new(started);
+    let mut watches: Vec<PoolWatch> = pools
+        .iter()
+        .map(|p| PoolWatch::start(p, &args, &sink))
+        .collect();
+    sink.header();
+    let unsettled = run_loop(&args, &driver, &sink, &mut pools, &mut watches, started).await;
+    let grace = pools
+        .iter()
+        .map(|p| p.pool.spec.engine.drain_grace_period.as_std())
+        .max()
+        .unwrap_or_default();
+    driver.runtime.shutdown(grace).await;
+    for (p, w) in pools.iter().zip(&watches) {
+        w.print_summary(p, started.elapsed());
     }
-    let interval = pool
-        .spec
-        .scaling
-        .interval
-        .as_std()
-        .max(Duration::from_millis(200));
-    println!(
-        "tidegate local: pool {pref}, model {}, replicas {}..{}, tick every {}",
-        pool.spec.model.name,
-        pool.spec.replicas.min,
-        pool.spec.replicas.max,
-        pool.spec.scaling.interval
+    // Let engines finish their drain and exit before we go.
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    anyhow::ensure!(
+        !unsettled,
+        "after the load, a pool did not reopen admission and scale down to replicas.min \
+         within --settle-timeout {:?}",
+        args.settle_timeout.0
     );
+    Ok(())
+}
 
-    // The load goes to the pool's front door: its router, once the first apply started it.
-    let (front_tx, front_rx) = watch::channel(None::<String>);
-    let mut front = front_door::FrontDoor::default();
+/// Ticks the pools until the load has ended and every pool settled (false), the settle
+/// timeout ran out (true), or Ctrl-C (false).
+async fn run_loop(
+    args: &LocalArgs,
+    driver: &LocalDriver,
+    sink: &ConsoleSink,
+    pools: &mut [LocalPool],
+    watches: &mut [PoolWatch],
+    started: Instant,
+) -> bool {
     let http = reqwest::Client::builder()
         .timeout(Duration::from_secs(2))
         .build()
         .unwrap_or_else(|_| reqwest::Client::new());
-    let scale = args.time_scale.max(0.05);
-    let secs = |s: f64| Duration::from_secs_f64(s * scale);
-    let shape = TideShape {
-        warmup: secs(20.0),
-        ramp_up: secs(30.0),
-        high: secs(60.0),
-        ramp_down: secs(20.0),
-        base_users: args.base_users,
-        peak_users: args.peak_users.max(args.base_users),
-        max_tokens: args.max_tokens,
-        model: pool.spec.model.name.clone(),
-    };
-    let started = Instant::now();
-    let mut load = (!args.no_load).then(|| tokio::spawn(loadgen::run(shape.clone(), front_rx)));
     let mut load_done_at: Option<Instant> = None;
-    let mut tally = None;
-    let mut unsettled = false;
-    let mut status: Option<InferencePoolStatus> = None;
-    let mut summary = Summary::default();
-    let mut ticker = tokio::time::interval(interval);
-    ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-    print_header();
     loop {
         tokio::select! {
-            _ = ticker.tick() => {}
-            _ = tokio::signal::ctrl_c() => { println!("interrupted"); break; }
+            _ = outer_loop::wait_due(pools) => {}
+            _ = tokio::signal::ctrl_c() => { println!("interrupted"); return false; }
         }
-        let input = TickInput {
-            pool: &pref,
-            spec: &pool.spec,
-            tiers: tiers.as_ref(),
-            api_keys: &[],
-            previous: status.as_ref(),
-            // The manifest is read once: one generation for the whole run.
-            generation: Some(1),
-            now: now_ms(),
-        };
-        let out = match driver.tick(&input).await {
-            Ok(out) => out,
-            Err(e) => {
-                println!("tick failed: {e} (retrying)");
-                continue;
+        for (p, w) in pools.iter().zip(watches.iter()) {
+            sink.set_users(&p.pref, w.users(started.elapsed()));
+        }
+        for t in outer_loop::tick_due(driver, sink, pools, now_ms()).await {
+            let p = &pools[t.index];
+            match t.outcome {
+                Ok(out) => {
+                    watches[t.index]
+                        .after_tick(driver, &http, p, &out, started)
+                        .await
+                }
+                Err(e) => println!("{}: tick failed: {e} (retrying)", p.pref),
             }
-        };
-        let router = driver.runtime.router_url(&pref).await;
-        if let Some(url) = &router {
-            front.sample(&http, url, out.workload.ready_replicas).await;
         }
-        front_tx.send_if_modified(|cur| {
+        for (p, w) in pools.iter().zip(watches.iter_mut()) {
+            w.collect_load(p).await;
+        }
+        if load_done_at.is_none() && !args.no_load && watches.iter().all(|w| w.load.is_none()) {
+            load_done_at = Some(Instant::now());
+        }
+        if let Some(done) = load_done_at {
+            let settled = watches.iter().all(|w| w.settled);
+            if settled || done.elapsed() > args.settle_timeout.0 {
+                if !settled {
+                    println!("pools did not settle within {:?}", args.settle_timeout.0);
+                }
+                return !settled;
+            }
+        }
+    }
+}
+
+/// What local mode follows of one pool besides its ticks: its load generator, its router's
+/// figures, its summary and whether it settled.
+struct PoolWatch {
+    shape: TideShape,
+    load: Option<JoinHandle<Arc<Tally>>>,
+    tally: Option<Arc<Tally>>,
+    /// The load goes to the pool's front door: its router, once the first apply started it.
+    front_tx: watch::Sender<Option<String>>,
+    front: FrontDoor,
+    summary: Summary,
+    /// At its last tick: admission open, at `replicas.min`, nothing draining.
+    settled: bool,
+}
+
+impl PoolWatch {
+    /// Starts the pool's load (unless `--no-load`), waiting for its router.
+    fn start(p: &LocalPool, args: &LocalArgs, sink: &ConsoleSink) -> PoolWatch {
+        let spec = &p.pool.spec;
+        println!(
+            "tidegate local: pool {}, model {}, replicas {}..{}, tick every {}",
+            p.pref, spec.model.name, spec.replicas.min, spec.replicas.max, spec.scaling.interval
+        );
+        sink.watch(&p.pref, &spec.model.name);
+        let scale = args.time_scale.max(0.05);
+        let secs = |s: f64| Duration::from_secs_f64(s * scale);
+        let shape = TideShape {
+            warmup: secs(20.0),
+            ramp_up: secs(30.0),
+            high: secs(60.0),
+            ramp_down: secs(20.0),
+            base_users: args.base_users,
+            peak_users: args.peak_users.max(args.base_users),
+            max_tokens: args.max_tokens,
+            model: spec.model.name.clone(),
+        };
+        let (front_tx, front_rx) = watch::channel(None::<String>);
+        let load = (!args.no_load).then(|| tokio::spawn(loadgen::run(shape.clone(), front_rx)));
+        PoolWatch {
+            shape,
+            load,
+            tally: None,
+            front_tx,
+            front: FrontDoor::default(),
+            summary: Summary::default(),
+            settled: false,
+        }
+    }
+
+    /// The load's users now (0 once it ended, or without one).
+    fn users(&self, since_start: Duration) -> usize {
+        self.shape.users_at(since_start) * usize::from(self.load.is_some())
+    }
+
+    /// Follows one tick: the router's figures, where the load goes, the summary.
+    async fn after_tick(
+        &mut self,
+        driver: &LocalDriver,
+        http: &reqwest::Client,
+        p: &LocalPool,
+        out: &TickOutcome,
+        started: Instant,
+    ) {
+        let router = driver.runtime.router_url(&p.pref).await;
+        if let Some(url) = &router {
+            self.front
+                .sample(http, url, out.workload.ready_replicas)
+                .await;
+        }
+        self.front_tx.send_if_modified(|cur| {
             let changed = *cur != router;
             if changed {
                 cur.clone_from(&router);
             }
             changed
         });
-        record(&mut summary, &out, &pool, started);
-        print_row(
-            &pref,
-            &pool,
-            &out,
-            started,
-            shape.users_at(started.elapsed()) * usize::from(load.is_some()),
-        );
-        for e in &out.plan.events {
-            println!("    event {:?} {}: {}", e.kind, e.reason, e.note);
-        }
-        status = Some(out.status.clone());
-        if let Some(handle) = &mut load
+        self.summary.record(out, &p.pool, started);
+        self.settled = out.plan.admission.state == AdmissionState::Open
+            && out.workload.replicas == Some(p.pool.spec.replicas.min)
+            && out.draining.is_empty();
+    }
+
+    /// Takes the load's tally once it has finished.
+    async fn collect_load(&mut self, p: &LocalPool) {
+        if let Some(handle) = &mut self.load
             && handle.is_finished()
         {
-            tally = handle.await.ok();
-            load = None;
-            load_done_at = Some(Instant::now());
-            println!("load finished; waiting for admission to reopen and the pool to scale down");
-        }
-        if let Some(done) = load_done_at {
-            let settled = out.plan.admission.state == AdmissionState::Open
-                && out.workload.replicas == Some(pool.spec.replicas.min)
-                && out.draining.is_empty();
-            if settled || done.elapsed() > args.settle_timeout.0 {
-                if !settled {
-                    println!("pool did not settle within {:?}", args.settle_timeout.0);
-                    unsettled = true;
-                }
-                break;
-            }
+            self.tally = handle.await.ok();
+            self.load = None;
+            println!(
+                "{}: load finished; waiting for admission to reopen and the pool to scale down",
+                p.pref
+            );
         }
     }
-    driver
-        .runtime
-        .shutdown(pool.spec.engine.drain_grace_period.as_std())
-        .await;
-    print_summary(&summary, tally.as_deref(), started.elapsed());
-    for line in front.lines() {
-        println!("{line}");
-    }
-    // Let engines finish their drain and exit before we go.
-    tokio::time::sleep(Duration::from_millis(500)).await;
-    if unsettled {
-        anyhow::bail!(
-            "after the load, the pool did not reopen admission and scale down to replicas.min \
-             within --settle-timeout {:?}",
-            args.settle_timeout.0
-        );
-    }
-    Ok(())
-}
 
-fn record(s: &mut Summary, out: &TickOutcome, pool: &InferencePool, started: Instant) {
-    let replicas = out.workload.replicas.unwrap_or(0);
-    s.peak_replicas = s.peak_replicas.max(replicas);
-    if s.path.last() != Some(&replicas) {
-        s.path.push(replicas);
-    }
-    if replicas > pool.spec.replicas.min && s.first_scale_up.is_none() {
-        s.first_scale_up = Some(started.elapsed());
-    }
-    let paused = out.plan.admission.state == AdmissionState::PausedNewTenants;
-    match (paused, s.paused_since) {
-        (true, None) => {
-            s.paused_since = Some(Instant::now());
-            s.pauses += 1;
-        }
-        (false, Some(since)) => {
-            s.paused_total += since.elapsed();
-            s.paused_since = None;
-        }
-        _ => {}
-    }
-    s.max_tier_count_paused = s
-        .max_tier_count_paused
-        .max(out.plan.admission.paused_tiers.len());
-}
-
-fn print_header() {
-    println!(
-        "{:<8} {:<16} {:<22} {:>5} {:>7} {:>9} {:>9} {:>5} {:<26} {:>5}",
-        "TIME",
-        "NAME",
-        "MODEL",
-        "READY",
-        "DESIRED",
-        "TOKENS/S",
-        "QUEUE-P99",
-        "UTIL",
-        "ADMISSION",
-        "USERS"
-    );
-}
-
-fn print_row(
-    pref: &PoolRef,
-    pool: &InferencePool,
-    out: &TickOutcome,
-    started: Instant,
-    users: usize,
-) {
-    let m = out.status.measured.as_ref();
-    let admission = match out.plan.admission.state {
-        AdmissionState::Open => "Open".to_string(),
-        AdmissionState::PausedNewTenants => {
-            format!("Paused({})", out.plan.admission.paused_tiers.join(","))
-        }
-    };
-    println!(
-        "{:<8} {:<16} {:<22} {:>5} {:>7} {:>9.1} {:>9} {:>5.2} {:<26} {:>5}",
-        format!("{:.0}s", started.elapsed().as_secs_f64()),
-        pref.name,
-        pool.spec.model.name,
-        out.status.ready_replicas,
-        out.status.desired_replicas,
-        m.map_or(0.0, |m| m.decode_tokens_per_second),
-        m.map_or("-".to_string(), |m| m.queue_wait_p99.clone()),
-        m.map_or(0.0, |m| m.utilization),
-        admission,
-        users
-    );
-    info!(decision = %out.plan.explanation, "tick");
-}
-
-fn print_summary(s: &Summary, tally: Option<&loadgen::Tally>, elapsed: Duration) {
-    let paused = s.paused_total + s.paused_since.map(|t| t.elapsed()).unwrap_or_default();
-    println!(
-        "\n==== tidegate local summary ({:.0}s)",
-        elapsed.as_secs_f64()
-    );
-    println!("peak replicas:           {}", s.peak_replicas);
-    println!("replica path:            {}", path_words(&s.path));
-    println!(
-        "time to first scale-up:  {}",
-        s.first_scale_up
-            .map_or("never".to_string(), |d| format!("{:.0}s", d.as_secs_f64()))
-    );
-    println!(
-        "admission paused:        {:.0}s in {} pause(s), up to {} tier(s)",
-        paused.as_secs_f64(),
-        s.pauses,
-        s.max_tier_count_paused
-    );
-    if let Some(t) = tally {
+    fn print_summary(&self, p: &LocalPool, elapsed: Duration) {
         println!(
-            "requests served:         {} ({} tokens)",
-            t.served.load(std::sync::atomic::Ordering::Relaxed),
-            t.tokens.load(std::sync::atomic::Ordering::Relaxed)
+            "\n==== tidegate local summary: {} ({:.0}s)",
+            p.pref,
+            elapsed.as_secs_f64()
         );
-        for (k, v) in t.snapshot() {
-            println!("  {k:<48} {v}");
+        for line in self.summary.lines(self.tally.as_deref()) {
+            println!("{line}");
+        }
+        for line in self.front.lines() {
+            println!("{line}");
         }
     }
-}
-
-/// Direction changes of the replica count beyond the one a load that rises and falls needs
-/// (up, then down): 0 for 1 → 2 → 3 → 2 → 1, 2 for 1 → 3 → 2 → 3 → 1.
-fn reversals(path: &[i32]) -> usize {
-    let ups: Vec<bool> = path.windows(2).map(|w| w[1] > w[0]).collect();
-    let changes = ups.windows(2).filter(|d| d[0] != d[1]).count();
-    let one_peak = ups.first() == Some(&true) && changes > 0;
-    changes - usize::from(one_peak)
-}
-
-/// `0 → 1 → 2 → 3 → 2 → 1 (no reversal)`.
-fn path_words(path: &[i32]) -> String {
-    let steps: Vec<String> = path.iter().map(i32::to_string).collect();
-    let n = reversals(path);
-    let verdict = if n == 0 {
-        "no reversal".to_string()
-    } else {
-        format!("{n} reversal(s)")
-    };
-    format!("{} ({verdict})", steps.join(" → "))
 }
 
 /// Makes sure the pool's model exists: SmolLM2 is fetched with the repo's script, any other
@@ -463,22 +360,4 @@ fn ensure_model(
         p.display()
     );
     Ok(())
-}
-
-#[cfg(test)]
-mod tests {
-    use super::{path_words, reversals};
-
-    #[test]
-    fn a_rise_and_fall_is_no_reversal_and_a_flap_is() {
-        assert_eq!(reversals(&[]), 0);
-        assert_eq!(reversals(&[1]), 0);
-        assert_eq!(reversals(&[0, 1, 2, 3, 2, 1]), 0);
-        assert_eq!(reversals(&[1, 2, 3]), 0);
-        assert_eq!(reversals(&[3, 2, 1]), 0);
-        assert_eq!(reversals(&[1, 3, 2, 3, 1]), 2);
-        assert_eq!(reversals(&[3, 2, 3]), 1);
-        assert_eq!(path_words(&[0, 1, 3, 1]), "0 → 1 → 3 → 1 (no reversal)");
-        assert_eq!(path_words(&[1, 2, 1, 2]), "1 → 2 → 1 → 2 (1 reversal(s))");
-    }
 }

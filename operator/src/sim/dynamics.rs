@@ -10,7 +10,16 @@
 //! Invariants: both are computed from ticks inside the trace only; an empty timeline has no
 //! reversal and no overshoot.
 
-use super::run::TimePoint;
+use super::tenants::NTIERS;
+
+/// A point of the replica/admission timeline (one per control tick).
+#[derive(Clone, Copy, Debug)]
+pub struct TimePoint {
+    pub t_s: f64,
+    pub current: i32,
+    pub ready: i32,
+    pub paused: [bool; NTIERS],
+}
 
 /// A scale move in the opposite direction within this many seconds is a reversal.
 pub const REVERSAL_WINDOW_S: f64 = 600.0;

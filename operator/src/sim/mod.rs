@@ -1,5 +1,6 @@
 //! A discrete-event simulator of an inference pool under internet-scale traffic, driving the
-//! operator's own planner (`crate::plan::plan`, not a copy) and, side by side, the scaling
+//! operator's own planner and decision step (`crate::plan::plan`, then
+//! `crate::driver::decide::decide`, not copies) and, side by side, the scaling
 //! policies users deploy today (HPA on utilization, KEDA on queue length) and an oracle.
 //!
 //! Model (see each file for its invariants):
@@ -30,7 +31,9 @@
 //!   pod. No queue-timeout refusals; long waits count against attainment instead.
 //! - The admitted-tenant registry and the admission state reach every engine at once (the
 //!   operator's push latency is not modelled). Refused sessions end; clients do not retry.
-//! - Draining pods finish their running and queued requests without a grace deadline.
+//! - Draining pods finish their running and queued requests without a grace deadline; a
+//!   scale-down's victims answer Drained on the tick `decide` chose them, and the pool, not
+//!   `decide`'s victim order, picks which pods leave (starting ones, then the least loaded).
 //! - Rates use the first and last sample in the window (no extrapolation).
 
 mod arrivals;
@@ -56,10 +59,11 @@ mod trace_file;
 use serde::Serialize;
 use tidegate_api::{InferencePoolSpec, TierPolicySpec};
 
+pub use dynamics::TimePoint;
 pub use policy::{BaselineSettings, PlanMemory, PolicyKind};
 pub use pool::PodModel;
 pub use report::{RunResult, table};
-pub use run::{Driver, RunOutput, Scenario, TimePoint, run, run_scenario};
+pub use run::{Driver, RunOutput, Scenario, run, run_scenario};
 pub use steady::{SteadyState, steady_state};
 pub use trace::{Trace, TraceKind};
 

@@ -9,19 +9,27 @@
 //! HPA does. KEDA's Prometheus scaler feeds an HPA an external metric with an AverageValue
 //! target, so desired = ceil(total waiting ÷ threshold). Missing metrics: every policy holds.
 //!
+//! tidegate runs the driver's own steps after observing: `plan`, then `decide` (the replica
+//! action the cluster's driver carries out); the simulated pool's drain is immediate (its
+//! draining pods leave the count at once and finish their work), so a scale-down's victims
+//! answer Drained on the tick that chose them.
+//!
 //! Invariants: policies see the pool only through the metrics pipeline (the oracle excepted,
 //! which reads the trace's expected rate); every result lies within [min, max].
 
 use std::collections::VecDeque;
 
 use serde::Serialize;
+use tidegate_api::engine_admin::DrainState;
 use tidegate_api::{InferencePoolSpec, TierPolicySpec};
 
+use crate::driver::decide::{self, ActionMemory, DecideInput, DrainAnswer, ReplicaAction};
 use crate::plan::{self, Forecaster, LeadTime, Observation, PlanState};
+use crate::ports::{Endpoint, WorkloadState};
 
 use super::arrivals::Foresight;
 use super::metrics::Pipeline;
-use super::pool::Pool;
+use super::pool::{PodState, Pool};
 use super::tenants::{NTIERS, TIERS};
 
 /// Which policy drives the pool.
@@ -195,6 +203,8 @@ pub enum Controller {
         spec: Box<InferencePoolSpec>,
         tiers: Box<TierPolicySpec>,
         state: Box<PlanState>,
+        /// What the decision step remembers of its own actions (drains under way).
+        actions: Box<ActionMemory>,
     },
     Hpa(Hpa),
     Oracle {
@@ -202,6 +212,63 @@ pub enum Controller {
         horizon_s: f64,
         max_batch: f64,
     },
+}
+
+/// The pool as the driver's decision step sees a workload: one endpoint per pod that counts
+/// (starting or ready), named in pod order.
+fn workload_of(pool: &Pool) -> WorkloadState {
+    let endpoints = (pool.pods.iter().enumerate())
+        .filter(|(_, p)| matches!(p.state, PodState::Starting | PodState::Ready))
+        .map(|(i, p)| Endpoint {
+            name: format!("pod-{i:05}"),
+            api_url: String::new(),
+            admin_url: String::new(),
+            ready: p.state == PodState::Ready,
+        })
+        .collect();
+    WorkloadState {
+        replicas: Some(pool.current()),
+        ready_replicas: pool.ready(),
+        endpoints,
+        routers: Vec::new(),
+        selector: String::new(),
+    }
+}
+
+/// The count `decide` applies this tick for the plan's `target`: a scale-up at once, a
+/// scale-down once its victims drained (here: at once, see the module header). Which pods
+/// leave is the simulated pool's choice (`Pool::scale_to`).
+fn decided_replicas(
+    spec: &InferencePoolSpec,
+    target: i32,
+    pool: &Pool,
+    now: plan::Millis,
+    memory: &mut ActionMemory,
+) -> i32 {
+    let workload = workload_of(pool);
+    let actions = decide::decide(&DecideInput {
+        spec,
+        target,
+        workload: &workload,
+        memory,
+        generation: Some(1),
+        now,
+    });
+    memory.draining = actions.draining;
+    memory.applied_generation = Some(1);
+    match actions.replicas {
+        ReplicaAction::Hold => pool.current(),
+        ReplicaAction::Apply { replicas } => replicas,
+        ReplicaAction::RemoveWhenDrained { to, victims } => {
+            let answers = vec![DrainAnswer::Answered(DrainState::Drained); victims.len()];
+            if decide::removal_due(&victims, &answers) {
+                memory.draining.clear();
+                to
+            } else {
+                pool.current()
+            }
+        }
+    }
 }
 
 /// What tidegate's planner carries from one day to the next: the forecast's profile and
@@ -267,6 +334,7 @@ impl Controller {
                 spec: Box::new(spec.clone()),
                 tiers: Box::new(tiers.clone()),
                 state: Box::new(memory.map(PlanMemory::restore).unwrap_or_default()),
+                actions: Box::default(),
             },
             PolicyKind::HpaGpu => hpa(
                 HpaMetric::GpuUtilization {
@@ -304,7 +372,12 @@ impl Controller {
     /// One control tick.
     pub fn tick(&mut self, ctx: &Ctx<'_>) -> Action {
         match self {
-            Controller::Tidegate { spec, tiers, state } => {
+            Controller::Tidegate {
+                spec,
+                tiers,
+                state,
+                actions,
+            } => {
                 let obs = Observation {
                     now: ctx.now_us / 1000,
                     current_replicas: ctx.pool.current(),
@@ -320,8 +393,9 @@ impl Controller {
                         paused[i] = true;
                     }
                 }
+                let now = ctx.now_us / 1000;
                 Action {
-                    replicas: p.replicas,
+                    replicas: decided_replicas(spec, p.replicas, ctx.pool, now, actions),
                     paused,
                 }
             }
@@ -352,5 +426,38 @@ impl Controller {
                 }
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::sim::trace::{Trace, TraceKind};
+    use crate::sim::{SimConfig, pool_spec};
+
+    #[test]
+    fn the_plans_target_goes_through_decide_and_a_scale_down_drains_at_once() {
+        let cfg = SimConfig::new(1, 1.0);
+        let spec = pool_spec(&Trace::new(TraceKind::Tidal, 1.0, 1), &cfg).expect("spec");
+        let mut pool = Pool::new(cfg.model);
+        for _ in 0..3 {
+            pool.add_ready(0);
+        }
+        let mut created = Vec::new();
+        pool.scale_to(4, 0, &mut created);
+        let workload = workload_of(&pool);
+        let ready: Vec<bool> = workload.endpoints.iter().map(|e| e.ready).collect();
+        assert_eq!(
+            ready,
+            [true, true, true, false],
+            "a starting pod is not ready"
+        );
+
+        let mut memory = ActionMemory::default();
+        assert_eq!(decided_replicas(&spec, 6, &pool, 1_000, &mut memory), 6);
+        assert_eq!(decided_replicas(&spec, 4, &pool, 2_000, &mut memory), 4);
+        assert_eq!(decided_replicas(&spec, 2, &pool, 3_000, &mut memory), 2);
+        assert!(memory.draining.is_empty(), "the victims drained and left");
+        assert_eq!(memory.applied_generation, Some(1));
     }
 }

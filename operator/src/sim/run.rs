@@ -24,7 +24,7 @@ use std::collections::BinaryHeap;
 use tidegate_api::InferencePoolSpec;
 
 use super::arrivals::{FileSource, Source};
-use super::dynamics;
+use super::dynamics::{self, TimePoint};
 use super::metrics::Pipeline;
 use super::policy::{Action, Controller, Ctx, PolicyKind};
 use super::pool::{Pool, Req, Routed, Started};
@@ -81,15 +81,6 @@ impl Ord for Ev {
     fn cmp(&self, o: &Self) -> Ordering {
         (self.t, self.seq).cmp(&(o.t, o.seq))
     }
-}
-
-/// A point of the replica/admission timeline (one per control tick).
-#[derive(Clone, Copy, Debug)]
-pub struct TimePoint {
-    pub t_s: f64,
-    pub current: i32,
-    pub ready: i32,
-    pub paused: [bool; NTIERS],
 }
 
 /// A run's summary and its timeline.

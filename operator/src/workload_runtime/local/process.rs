@@ -2,13 +2,23 @@
 //! started and this one adopted after a restart. An adopted engine is not our child: it is
 //! watched through /proc and signalled with `kill`, and how it exited is not known.
 
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use tokio::process::Child;
 use tracing::{info, warn};
 
 use crate::ports::RuntimeError;
+
+/// One replica's process: program, arguments and environment.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct LocalCommand {
+    pub program: PathBuf,
+    pub args: Vec<String>,
+    pub env: Vec<(String, String)>,
+    /// Where its spilled KV goes (created before the start), when the pool has a disk tier.
+    pub kv_disk_dir: Option<PathBuf>,
+}
 
 /// How a replica's process stands.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -150,7 +160,7 @@ pub fn engine_alive(pid: u32, api_port: u16) -> bool {
 /// Starts `launch` (an engine or a router) with stdout and stderr in a fresh file at
 /// `log_path`; the child is killed if its handle is dropped.
 pub fn spawn_logged(
-    launch: &super::runtime::LocalCommand,
+    launch: &LocalCommand,
     log_path: &Path,
     what: &str,
 ) -> Result<Process, RuntimeError> {

@@ -1,7 +1,7 @@
 //! Metrics straight from engines' /metrics (local mode's default metrics source).
 //!
 //! Each read scrapes every endpoint and parses the Prometheus text format (the shared
-//! exposition parser, reading the metrics contract's series names); `metric_window` turns
+//! exposition parser, reading the metrics contract's series names); `window` turns
 //! each engine's samples within the pool's `rateWindow` into what the Prometheus queries give
 //! in a cluster (rates, gauge averages, the pool's p99 queue wait).
 //! Invariants: a counter reset (engine restart) yields no rate for that engine rather than a
@@ -18,29 +18,9 @@ use tidegate_api::InferencePoolSpec;
 use tidegate_api::engine_metrics as contract;
 use tidegate_api::exposition::{Sample, cumulative_buckets, samples};
 
-use crate::metric_window::{EngineHistory, pool_metrics};
+use super::window::{EngineHistory, EngineSample, pool_metrics};
 use crate::plan::{MetricsProblem, PoolMetrics};
 use crate::ports::{Endpoint, MetricsSource, PoolRef};
-
-/// The figures of one scrape of one engine that rates are computed from.
-#[derive(Clone, Debug, Default, PartialEq)]
-pub struct EngineSample {
-    pub at_ms: u64,
-    pub decode_tokens: f64,
-    pub running: f64,
-    pub waiting: f64,
-    pub kv_used: f64,
-    pub kv_total: f64,
-    pub evictions: f64,
-    pub overload_refusals: f64,
-    /// Requests that finished (completed, cancelled or failed).
-    pub finished: f64,
-    /// Inter-token latency histogram's sum (seconds) and count (tokens), all tiers summed.
-    pub itl_sum: f64,
-    pub itl_count: f64,
-    /// Cumulative queue-wait histogram: (upper bound seconds, count), all tiers summed.
-    pub queue_wait_buckets: Vec<(f64, f64)>,
-}
 
 /// Parses the Prometheus text exposition of an engine.
 pub fn parse_engine_metrics(text: &str, at_ms: u64) -> EngineSample {

@@ -31,11 +31,11 @@ use serde::de::DeserializeOwned;
 use tidegate_api::InferencePoolSpec;
 use tracing::{debug, info};
 
-use super::cache::Caches;
-use super::owners::OwnerBook;
-use super::{
-    ADMIN_PORT, ADMIN_TOKEN_KEY, FIELD_MANAGER, HTTP_PORT, ROUTER_ADMIN_PORT, ROUTER_HTTP_PORT,
-    admin_secret_name, engines_service_name, objects, render, router_name, router_selector_labels,
+use crate::k8s::cache::Caches;
+use crate::k8s::owners::OwnerBook;
+use crate::k8s::{
+    ADMIN_PORT, ADMIN_TOKEN_KEY, HTTP_PORT, ROUTER_ADMIN_PORT, ROUTER_HTTP_PORT, admin_secret_name,
+    apply_params, engines_service_name, objects, render, router_name, router_selector_labels,
     selector_labels, selector_string,
 };
 use crate::ports::{Endpoint, PoolRef, RuntimeError, WorkloadRuntime, WorkloadState};
@@ -44,11 +44,6 @@ use crate::ports::{Endpoint, PoolRef, RuntimeError, WorkloadRuntime, WorkloadSta
 pub const DELETION_COST: &str = "controller.kubernetes.io/pod-deletion-cost";
 /// How long a read admin token is reused before the Secret is read again.
 const TOKEN_TTL: Duration = Duration::from_secs(600);
-
-/// Server-side apply parameters: one field manager, conflicts forced.
-pub fn apply_params() -> PatchParams {
-    PatchParams::apply(FIELD_MANAGER).force()
-}
 
 fn err(what: &str, pool: &PoolRef, e: impl std::fmt::Display) -> RuntimeError {
     RuntimeError(format!("{what} of {pool}: {e}"))

@@ -16,8 +16,27 @@ use std::collections::{BTreeMap, VecDeque};
 
 use tidegate_api::exposition::{bucket_deltas, histogram_quantile};
 
-use crate::direct_metrics::EngineSample;
 use crate::plan::{PoolMetrics, StepSample};
+
+/// The figures of one scrape of one engine that rates are computed from.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct EngineSample {
+    pub at_ms: u64,
+    pub decode_tokens: f64,
+    pub running: f64,
+    pub waiting: f64,
+    pub kv_used: f64,
+    pub kv_total: f64,
+    pub evictions: f64,
+    pub overload_refusals: f64,
+    /// Requests that finished (completed, cancelled or failed).
+    pub finished: f64,
+    /// Inter-token latency histogram's sum (seconds) and count (tokens), all tiers summed.
+    pub itl_sum: f64,
+    pub itl_count: f64,
+    /// Cumulative queue-wait histogram: (upper bound seconds, count), all tiers summed.
+    pub queue_wait_buckets: Vec<(f64, f64)>,
+}
 
 /// The samples of one engine that the window needs.
 #[derive(Clone, Debug, Default, PartialEq)]

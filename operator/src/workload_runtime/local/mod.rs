@@ -14,6 +14,10 @@
 //! is killed only if it outlives the pool's drain grace period; every engine, child or
 //! adopted, is killed when the runtime is dropped, so no engine outlives a clean shutdown.
 
+pub mod engine_book;
+mod process;
+mod router_process;
+
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
@@ -23,11 +27,10 @@ use tidegate_api::engine_launch::{EnvValue, LaunchSite, READYZ_PATH, engine_laun
 use tokio::sync::Mutex;
 use tracing::{info, warn};
 
-use super::engine_book::{EngineBook, PoolEntry, ReplicaEntry};
-use super::process::spawn_logged;
-use super::process::{Process, ProcessState};
-use super::router_process;
 use crate::ports::{Endpoint, PoolRef, RuntimeError, WorkloadRuntime, WorkloadState};
+use engine_book::{EngineBook, PoolEntry, ReplicaEntry};
+pub use process::LocalCommand;
+use process::{Process, ProcessState, spawn_logged};
 
 /// How local engines are started.
 #[derive(Clone, Debug)]
@@ -51,16 +54,6 @@ pub struct LocalRuntimeConfig {
     /// When set, each pool's router URL is written here (`[{namespace, pool, url}]`): the
     /// pool's front door, for clients and tests.
     pub routers_file: Option<PathBuf>,
-}
-
-/// One replica's process: program, arguments and environment.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct LocalCommand {
-    pub program: PathBuf,
-    pub args: Vec<String>,
-    pub env: Vec<(String, String)>,
-    /// Where its spilled KV goes (created before the start), when the pool has a disk tier.
-    pub kv_disk_dir: Option<PathBuf>,
 }
 
 struct Replica {
@@ -434,7 +427,7 @@ fn adopt(cfg: &mut LocalRuntimeConfig, book: EngineBook) -> HashMap<PoolRef, Loc
 
 /// The process of a book entry, when it still runs (engine or router alike).
 fn adopt_entry(r: ReplicaEntry) -> Option<Replica> {
-    super::process::engine_alive(r.pid, r.api_port).then(|| Replica {
+    process::engine_alive(r.pid, r.api_port).then(|| Replica {
         process: Process::Adopted {
             pid: r.pid,
             api_port: r.api_port,
@@ -601,5 +594,4 @@ impl WorkloadRuntime for LocalRuntime {
 }
 
 #[cfg(test)]
-#[path = "runtime_tests.rs"]
 mod tests;

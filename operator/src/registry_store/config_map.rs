@@ -19,9 +19,9 @@ use kube::{Api, Client};
 use sha2::{Digest, Sha256};
 use tracing::{info, warn};
 
-use super::objects::{binary_config_map, hex};
-use super::owners::OwnerBook;
-use super::runtime::apply_params;
+use crate::k8s::apply_params;
+use crate::k8s::objects::{binary_config_map, hex};
+use crate::k8s::owners::OwnerBook;
 use crate::ports::{PoolRef, RegistryError, RegistryStore};
 use crate::registry::Registry;
 

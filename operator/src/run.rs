@@ -17,25 +17,25 @@ use anyhow::Context as _;
 use kube::Client;
 use tracing::{error, info};
 
-use super::cache::Caches;
-use super::controller::Context;
-use super::events::EventSink;
-use super::leader::LeaderElector;
-use super::manager::{ControllerOptions, run_controller};
-use super::metrics::{self, OperatorMetrics};
-use super::objects::random_token;
-use super::owners::OwnerBook;
-use super::prometheus::PrometheusMetrics;
-use super::registry_store::ConfigMapRegistry;
-use super::runtime::K8sRuntime;
-use super::shutdown::Shutdown;
-use super::source_switch::SourceSwitch;
-use crate::direct_metrics::DirectMetrics;
+use crate::admin_token::random_token;
 use crate::driver::Driver;
-use crate::engine_client::HttpEngineControl;
-use crate::local::files::FileRegistry;
-use crate::local::runtime::{LocalRuntime, LocalRuntimeConfig};
+use crate::engine_control::http::HttpEngineControl;
+use crate::k8s::cache::Caches;
+use crate::k8s::controller::Context;
+use crate::k8s::leader::LeaderElector;
+use crate::k8s::manager::{ControllerOptions, run_controller};
+use crate::k8s::metrics::{self, OperatorMetrics};
+use crate::k8s::owners::OwnerBook;
+use crate::k8s::shutdown::Shutdown;
+use crate::metrics_source::direct::DirectMetrics;
+use crate::metrics_source::prometheus::PrometheusMetrics;
+use crate::metrics_source::switch::SourceSwitch;
 use crate::ports::{EngineControl, MetricsSource, RegistryStore, WorkloadRuntime};
+use crate::registry_store::config_map::ConfigMapRegistry;
+use crate::registry_store::file::FileRegistry;
+use crate::status_sink::kubernetes::EventSink;
+use crate::workload_runtime::kubernetes::K8sRuntime;
+use crate::workload_runtime::local::{LocalRuntime, LocalRuntimeConfig};
 
 /// Log line format.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]

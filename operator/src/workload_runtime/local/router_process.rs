@@ -13,7 +13,7 @@ use tidegate_api::engine_launch::env as engine_env;
 use tidegate_api::router::{RouterSite, env as router_env, router_args};
 use tracing::info;
 
-use super::runtime::LocalCommand;
+use super::process::LocalCommand;
 use crate::ports::PoolRef;
 
 /// The router's process name in logs and the engine book.
