@@ -8,7 +8,9 @@
 //! - a failed restore or copy-on-write is a [`Rollback`]: the sequence's KV is good only up to
 //!   `keep_tokens`, the caller (the scheduler) recomputes from there, and the failure is
 //!   counted and logged; nothing a failed move wrote is ever shared;
-//! - restored blocks are hashed for sharing only after their move succeeded.
+//! - restored blocks are hashed for sharing only after their move succeeded;
+//! - a session whose spill file could not be written is dropped when the writer's answer is
+//!   applied (every step polls), before anything could try to restore it.
 
 use super::manager::{IdleKv, IdleSession, KvCacheManager, SeqId};
 use super::offload_store::Place;
@@ -37,8 +39,35 @@ impl KvCacheManager {
         !self.transfers.is_empty()
     }
 
+    /// Applies the spill writer's answers that arrived: a session whose file could not be
+    /// written is dropped (its return recomputes).
+    pub fn poll_spills(&mut self) {
+        self.store.poll_writes();
+        self.forget_failed_spills();
+    }
+
+    /// Waits for every spill file in flight, then applies the answers (tests, benchmarks).
+    pub fn wait_for_spills(&mut self) {
+        self.store.wait_for_writes();
+        self.forget_failed_spills();
+    }
+
+    pub(super) fn forget_failed_spills(&mut self) {
+        for owner in self.store.take_failed() {
+            let gone = matches!(
+                self.sessions.get(&owner),
+                Some(IdleSession { kv: IdleKv::Stored(id), .. }) if self.store.peek(*id).is_none()
+            );
+            if gone {
+                self.sessions.remove(&owner);
+                self.drops.insert(owner);
+            }
+        }
+    }
+
     /// Applies the answers of an executed plan; returns the sequences to roll back.
     pub fn apply_transfers(&mut self, answers: Vec<TransferAnswer>, now: u64) -> Vec<Rollback> {
+        self.poll_spills();
         let mut rollbacks = Vec::new();
         for answer in answers {
             match answer {

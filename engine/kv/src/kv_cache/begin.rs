@@ -363,7 +363,10 @@ impl KvCacheManager {
         plan: &Plan,
         blocks: &mut Vec<BlockId>,
     ) -> Option<(Place, usize, Vec<u8>)> {
-        let (bytes, place) = match self.store.take(id) {
+        let taken = self.store.take(id);
+        // Waiting for this entry's file may have answered other writes, failed ones too.
+        self.forget_failed_spills();
+        let (bytes, place) = match taken {
             Ok(found) => found?,
             Err(e) => {
                 self.stats.restore_failed(Place::Disk);

@@ -195,6 +195,7 @@ impl KvCacheManager {
     /// Applies each tier's TTL: idle resident sessions idle for at least their tier's TTL are
     /// offloaded or dropped (`Retain` tiers stay). Returns how many were evicted.
     pub fn evict_expired(&mut self, now: u64) -> usize {
+        self.poll_spills();
         let expired: Vec<SessionKey> = self
             .sessions
             .iter()

@@ -1,6 +1,7 @@
-//! The cache manager with every block move executed as soon as it is decided: for tests and
-//! tensor-free simulations that drive the manager call by call (the engine loop batches a
-//! whole step's moves instead; the answers and their effects are the same).
+//! The cache manager with every block move executed as soon as it is decided, and every spill
+//! file written before the call returns: for tests and tensor-free simulations that drive
+//! the manager call by call (the engine loop batches a whole step's moves and lets the spill
+//! writer work in the background instead; the answers and their effects are the same).
 
 use super::answers::Rollback;
 use super::begin::{Begin, SeqStart};
@@ -48,7 +49,7 @@ impl MoveNow for KvCacheManager {
         io: &mut dyn BlockIo,
     ) -> Option<Begin> {
         let mut begin = self.begin_seq(start, now)?;
-        for Rollback { seq, keep_tokens } in self.flush_transfers(io, now) {
+        for Rollback { seq, keep_tokens } in self.flush_now(io, now) {
             if seq == start.seq && keep_tokens < begin.computed {
                 begin.computed = keep_tokens;
                 if matches!(begin.source, KvSource::Host | KvSource::Disk) {
@@ -67,19 +68,19 @@ impl MoveNow for KvCacheManager {
         io: &mut dyn BlockIo,
     ) -> Option<()> {
         let done = self.allocate_slots(seq, total, now);
-        self.flush_transfers(io, now);
+        self.flush_now(io, now);
         done
     }
 
     fn evict_expired_io(&mut self, now: u64, io: &mut dyn BlockIo) -> usize {
         let n = self.evict_expired(now);
-        self.flush_transfers(io, now);
+        self.flush_now(io, now);
         n
     }
 
     fn make_room_io(&mut self, need: usize, now: u64, io: &mut dyn BlockIo) -> bool {
         let done = self.make_room(need, now);
-        self.flush_transfers(io, now);
+        self.flush_now(io, now);
         done
     }
 
@@ -91,7 +92,15 @@ impl MoveNow for KvCacheManager {
         io: &mut dyn BlockIo,
     ) -> Preempted {
         let out = self.preempt_seq(seq, computed, now);
-        self.flush_transfers(io, now);
+        self.flush_now(io, now);
         out
+    }
+}
+
+impl KvCacheManager {
+    fn flush_now(&mut self, io: &mut dyn BlockIo, now: u64) -> Vec<Rollback> {
+        let rollbacks = self.flush_transfers(io, now);
+        self.wait_for_spills();
+        rollbacks
     }
 }

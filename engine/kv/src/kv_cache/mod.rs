@@ -26,6 +26,7 @@ pub mod mem_io;
 pub mod offload_store;
 pub mod prefix_hash;
 pub mod spill_file;
+mod spill_writer;
 pub mod stats;
 pub mod tier;
 pub mod tier_policy;

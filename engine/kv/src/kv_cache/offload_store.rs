@@ -11,15 +11,21 @@
 //!   itself is dropped. A failed write means "not stored" (the caller drops the KV); a failed
 //!   read back is a [`SpillReadError`] naming the file and the cause (the entry is gone either
 //!   way and the caller recomputes), never an error that stops the engine;
+//! - disk files are written by the spill writer thread ([`super::spill_writer`]), never on
+//!   the caller's thread: an entry is *writing* until the writer answers, its bytes already
+//!   counted in `disk_used`. Taking a writing entry waits for its file; an entry removed while
+//!   writing has its file deleted when the write is answered; a write that fails removes the
+//!   entry and reports its owner ([`OffloadStore::take_failed`]), who recomputes;
 //! - bytes come back from [`OffloadStore::take`] only if they are exactly what was put: disk
 //!   files carry their length and a checksum ([`super::spill_file`]), so a truncated,
 //!   missing or corrupted file is a read error, not KV.
 
-use std::collections::{BTreeSet, HashMap};
+use std::collections::{BTreeSet, HashMap, HashSet};
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicU64, Ordering};
 
 use super::spill_file::{HEADER_BYTES, SpillFault, read_spill, write_spill};
+use super::spill_writer::{SpillWriter, Written};
 
 /// An offloaded entry whose spill file could not be read back intact.
 #[derive(Debug, thiserror::Error)]
@@ -94,6 +100,12 @@ pub struct OffloadStore<K> {
     next_id: EntryId,
     instance: u64,
     stats: StoreStats,
+    /// Started on the first spill.
+    writer: Option<SpillWriter>,
+    /// Entries whose file write is in flight.
+    writing: HashSet<EntryId>,
+    /// Owners of entries whose file write failed, not yet taken.
+    failed: Vec<K>,
 }
 
 static INSTANCES: AtomicU64 = AtomicU64::new(0);
@@ -121,6 +133,9 @@ impl<K: Clone> OffloadStore<K> {
             next_id: 0,
             instance: INSTANCES.fetch_add(1, Ordering::Relaxed),
             stats: StoreStats::default(),
+            writer: None,
+            writing: HashSet::new(),
+            failed: Vec::new(),
         }
     }
 
@@ -191,7 +206,7 @@ impl<K: Clone> OffloadStore<K> {
                 };
             }
         }
-        match self.write_disk(id, &data, &mut dropped) {
+        match self.write_disk(id, data, &mut dropped) {
             Some(path) => {
                 self.disk_used += on_disk(bytes);
                 self.disk_lru.insert((now, id));
@@ -216,6 +231,9 @@ impl<K: Clone> OffloadStore<K> {
     /// such entry, an error if its file could not be read back intact (the entry and its file
     /// are gone then too).
     pub fn take(&mut self, id: EntryId) -> Result<Option<(Vec<u8>, Place)>, SpillReadError> {
+        if self.writing.contains(&id) {
+            self.wait_written(id);
+        }
         let Some(e) = self.unlink(id) else {
             return Ok(None);
         };
@@ -267,7 +285,7 @@ impl<K: Clone> OffloadStore<K> {
             return;
         };
         let data = e.host.take().unwrap_or_default();
-        match self.write_disk(id, &data, dropped) {
+        match self.write_disk(id, data, dropped) {
             Some(path) => {
                 self.stats.spills_to_disk += 1;
                 self.disk_used += on_disk(e.bytes);
@@ -282,9 +300,9 @@ impl<K: Clone> OffloadStore<K> {
         }
     }
 
-    /// Makes room on disk (dropping LRU disk entries) and writes `data`; `None` if disk is
-    /// disabled, too small, or the write failed.
-    fn write_disk(&mut self, id: EntryId, data: &[u8], dropped: &mut Vec<K>) -> Option<PathBuf> {
+    /// Makes room on disk (dropping LRU disk entries) and hands `data` to the spill writer;
+    /// `None` if disk is disabled or too small (or, without a writer thread, the write failed).
+    fn write_disk(&mut self, id: EntryId, data: Vec<u8>, dropped: &mut Vec<K>) -> Option<PathBuf> {
         let dir = self.cfg.disk_dir.clone()?;
         let cost = on_disk(data.len());
         if cost > self.cfg.disk_budget_bytes {
@@ -305,7 +323,22 @@ impl<K: Clone> OffloadStore<K> {
             std::process::id(),
             self.instance
         ));
-        let written = std::fs::create_dir_all(&dir).and_then(|()| write_spill(&path, data));
+        if self.writer.is_none() {
+            self.writer = SpillWriter::start()
+                .inspect_err(|e| tracing::warn!(error = %e, "no KV spill writer thread; writing spills inline"))
+                .ok();
+        }
+        let data = match &self.writer {
+            Some(writer) => match writer.submit(id, path.clone(), data) {
+                Ok(()) => {
+                    self.writing.insert(id);
+                    return Some(path);
+                }
+                Err(data) => data,
+            },
+            None => data,
+        };
+        let written = std::fs::create_dir_all(&dir).and_then(|()| write_spill(&path, &data));
         match written {
             Ok(()) => Some(path),
             Err(e) => {
@@ -313,6 +346,67 @@ impl<K: Clone> OffloadStore<K> {
                 let _ = std::fs::remove_file(&path);
                 self.stats.disk_errors += 1;
                 None
+            }
+        }
+    }
+
+    /// Applies the spill writer's answers that have arrived (without waiting).
+    pub fn poll_writes(&mut self) {
+        let ready = self
+            .writer
+            .as_ref()
+            .map(SpillWriter::ready)
+            .unwrap_or_default();
+        for w in ready {
+            self.written(w);
+        }
+    }
+
+    /// Waits until every file write in flight is answered (tests, benchmarks, shutdown).
+    pub fn wait_for_writes(&mut self) {
+        while !self.writing.is_empty() {
+            let Some(w) = self.writer.as_ref().and_then(SpillWriter::next) else {
+                self.writing.clear();
+                return;
+            };
+            self.written(w);
+        }
+    }
+
+    /// Owners whose entry was removed because its file could not be written.
+    pub fn take_failed(&mut self) -> Vec<K> {
+        std::mem::take(&mut self.failed)
+    }
+
+    /// Waits for entry `id`'s file write (applying every answer that comes first).
+    fn wait_written(&mut self, id: EntryId) {
+        while self.writing.contains(&id) {
+            let Some(w) = self.writer.as_ref().and_then(SpillWriter::next) else {
+                self.writing.remove(&id);
+                return;
+            };
+            self.written(w);
+        }
+    }
+
+    /// One write answered: the entry is on disk, or (write failed) gone with its owner
+    /// reported; a file whose entry was removed meanwhile is deleted.
+    fn written(&mut self, w: Written) {
+        self.writing.remove(&w.id);
+        let current = self
+            .entries
+            .get(&w.id)
+            .is_some_and(|e| e.file.as_deref() == Some(w.path.as_path()));
+        if !current {
+            let _ = std::fs::remove_file(&w.path);
+            return;
+        }
+        if let Err(e) = w.result {
+            tracing::warn!(file = %w.path.display(), error = %e, "KV spill write failed; the session will recompute");
+            self.stats.disk_errors += 1;
+            self.stats.dropped += 1;
+            if let Some(entry) = self.unlink(w.id) {
+                self.failed.push(entry.owner);
             }
         }
     }
@@ -366,6 +460,14 @@ fn place_of<K>(e: &Entry<K>) -> Place {
 
 impl<K> Drop for OffloadStore<K> {
     fn drop(&mut self) {
+        let late = self
+            .writer
+            .as_mut()
+            .map(SpillWriter::finish)
+            .unwrap_or_default();
+        for w in late {
+            let _ = std::fs::remove_file(w.path);
+        }
         for e in self.entries.values() {
             if let Some(path) = &e.file {
                 let _ = std::fs::remove_file(path);
@@ -437,12 +539,47 @@ mod tests {
         s.check().unwrap();
     }
 
+    #[test]
+    fn spills_are_written_off_the_callers_thread_and_a_take_waits_for_its_file() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut s = store(0, 10 * on_disk(1 << 16), Some(dir.path().to_path_buf()));
+        let ids: Vec<EntryId> = (0..4u8)
+            .map(|i| s.put("x", vec![i; 1 << 16], u64::from(i)).stored.unwrap().0)
+            .collect();
+        s.check().unwrap();
+        // Taking the last one waits for its write (and applies the earlier answers).
+        let (data, place) = s.take(ids[3]).unwrap().unwrap();
+        assert_eq!((data, place), (vec![3; 1 << 16], Place::Disk));
+        // Removed while (perhaps) still writing: the file goes when the write is answered.
+        assert!(s.remove(ids[0]));
+        s.wait_for_writes();
+        assert_eq!(files_bytes(dir.path()), 2 * on_disk(1 << 16));
+        drop(s);
+        assert_eq!(files_bytes(dir.path()), 0, "the store's files die with it");
+    }
+
+    #[test]
+    fn a_spill_that_cannot_be_written_reports_its_owner_and_leaves_nothing() {
+        let dir = tempfile::tempdir().unwrap();
+        // The spill directory is a file: every write fails.
+        let blocked = dir.path().join("not-a-dir");
+        std::fs::write(&blocked, b"x").unwrap();
+        let mut s = store(0, on_disk(16), Some(blocked.join("spill")));
+        let (id, _) = s.put("a", vec![1; 16], 0).stored.unwrap();
+        s.wait_for_writes();
+        assert!(s.peek(id).is_none());
+        assert_eq!(s.take_failed(), vec!["a"]);
+        assert_eq!((s.disk_used(), s.stats().disk_errors), (0, 1));
+        s.check().unwrap();
+    }
+
     /// Puts one 16-byte entry on disk, applies `damage` to its file, and takes it back.
     fn take_damaged(damage: impl Fn(&std::path::Path)) -> (SpillReadError, StoreStats) {
         let dir = tempfile::tempdir().unwrap();
         let mut s = store(0, on_disk(16), Some(dir.path().to_path_buf()));
         let (id, place) = s.put("a", vec![9; 16], 0).stored.unwrap();
         assert_eq!(place, Place::Disk);
+        s.wait_for_writes();
         for f in std::fs::read_dir(dir.path()).unwrap() {
             damage(&f.unwrap().path());
         }

@@ -24,12 +24,13 @@ impl Scheduler {
         }
     }
 
-    /// One step with its moves executed through `io` and answered: what the engine loop does,
-    /// in one call (tests and tensor-free simulations).
+    /// One step with its moves executed through `io` and answered, and its spill files
+    /// written: what the engine loop does, in one call (tests and tensor-free simulations).
     pub fn schedule_with(&mut self, now: u64, io: &mut dyn BlockIo) -> SchedulerOutput {
         let mut out = self.schedule(now);
         let answers = std::mem::take(&mut out.transfers).execute(io);
         self.apply_transfers(answers, &mut out, now);
+        self.kv.wait_for_spills();
         out
     }
 
@@ -37,6 +38,7 @@ impl Scheduler {
     pub fn tick_with(&mut self, now: u64, io: &mut dyn BlockIo) {
         let answers = self.tick(now).execute(io);
         self.apply_transfers(answers, &mut SchedulerOutput::default(), now);
+        self.kv.wait_for_spills();
     }
 
     fn roll_back(&mut self, rb: Rollback, out: &mut SchedulerOutput) {
