@@ -350,7 +350,7 @@ mod tests {
     #[test]
     fn random_weights_run_and_their_bytes_are_known_before_loading() {
         let cfg = LlamaConfig::from_json(
-            r#"{"hidden_size": 64, "intermediate_size": 96, "num_hidden_layers": 2,
+            r#"{"architectures": ["LlamaForCausalLM"], "hidden_size": 64, "intermediate_size": 96, "num_hidden_layers": 2,
                 "num_attention_heads": 4, "num_key_value_heads": 2, "vocab_size": 300}"#,
         )
         .unwrap();

@@ -1,14 +1,23 @@
-//! Llama architecture hyper-parameters. Read from a Hugging Face `config.json` or from GGUF
-//! metadata (`llama.*` keys); both produce the same [`LlamaConfig`]. Invariants checked by
-//! [`LlamaConfig::validate`]: heads divide hidden size, kv heads divide heads, head_dim even.
+//! A decoder's architecture and hyper-parameters. Read from a Hugging Face `config.json` or
+//! from GGUF metadata (`{arch}.*` keys); both produce the same [`ModelConfig`], and both name
+//! the architecture through [`Architecture`]'s one check (an unsupported or missing one is an
+//! error at load). Invariants checked by [`ModelConfig::validate`]: heads divide hidden size,
+//! kv heads divide heads, head_dim even, no zero size.
 
 use serde::{Deserialize, Serialize};
 
+use super::architecture::{Architecture, hf_list};
 use crate::error::{Error, Result};
 
-/// Hyper-parameters of a Llama-architecture decoder (Hugging Face `config.json` field names).
+/// The older name of [`ModelConfig`], from when Llama was the only architecture.
+pub type LlamaConfig = ModelConfig;
+
+/// Hyper-parameters of a decoder (Hugging Face `config.json` field names).
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-pub struct LlamaConfig {
+pub struct ModelConfig {
+    /// The architecture (`architectures` in `config.json`, `general.architecture` in GGUF).
+    #[serde(rename = "architectures", with = "hf_list")]
+    pub architecture: Architecture,
     /// Model width.
     pub hidden_size: usize,
     /// SwiGLU inner width.
@@ -52,7 +61,14 @@ fn default_ctx() -> usize {
     2048
 }
 
-impl LlamaConfig {
+/// Just the `architectures` field, read before the rest so a file of another architecture
+/// is refused for that, not for a field it lacks.
+#[derive(Deserialize)]
+struct ArchitectureProbe {
+    architectures: Option<Vec<String>>,
+}
+
+impl ModelConfig {
     /// Key/value heads, resolving the default.
     pub fn kv_heads(&self) -> usize {
         self.num_key_value_heads.unwrap_or(self.num_attention_heads)
@@ -66,8 +82,15 @@ impl LlamaConfig {
     /// Parses a Hugging Face `config.json` body; an error names the field it failed on
     /// (serde's own message says "invalid type" without saying where).
     pub fn from_json(text: &str) -> Result<Self> {
+        // A probe that does not parse (bad JSON, a non-list) is reported by the full parse.
+        if let Ok(probe) = serde_json::from_str::<ArchitectureProbe>(text) {
+            match probe.architectures {
+                None => return Err(Architecture::missing("config.json architectures")),
+                Some(names) => Architecture::from_hf_names(&names)?,
+            };
+        }
         let mut de = serde_json::Deserializer::from_str(text);
-        let cfg: LlamaConfig = serde_path_to_error::deserialize(&mut de).map_err(|e| {
+        let cfg: ModelConfig = serde_path_to_error::deserialize(&mut de).map_err(|e| {
             let at = e.path().to_string();
             let inner = e.into_inner();
             if at.is_empty() || at == "." {
@@ -127,11 +150,11 @@ impl LlamaConfig {
 mod tests {
     use super::*;
 
-    const TINY: &str = r#"{"hidden_size": 64, "intermediate_size": 128, "num_hidden_layers": 2,
+    const TINY: &str = r#"{"architectures": ["LlamaForCausalLM"], "hidden_size": 64, "intermediate_size": 128, "num_hidden_layers": 2,
         "num_attention_heads": 4, "num_key_value_heads": 2, "vocab_size": 512}"#;
 
     fn err(text: &str) -> String {
-        match LlamaConfig::from_json(text) {
+        match ModelConfig::from_json(text) {
             Ok(c) => panic!("accepted {c:?}"),
             Err(e) => e.to_string(),
         }
@@ -139,9 +162,11 @@ mod tests {
 
     #[test]
     fn a_bad_config_names_the_field() {
-        let ok = LlamaConfig::from_json(TINY).expect("tiny config");
+        let ok = ModelConfig::from_json(TINY).expect("tiny config");
         assert_eq!((ok.kv_heads(), ok.head_dim()), (2, 16));
-        let missing = err(r#"{"hidden_size": 64, "intermediate_size": 128}"#);
+        let missing = err(
+            r#"{"architectures": ["LlamaForCausalLM"], "hidden_size": 64, "intermediate_size": 128}"#,
+        );
         assert!(
             missing.contains("missing field `num_hidden_layers`"),
             "{missing}"
@@ -155,5 +180,34 @@ mod tests {
             heads.contains("not divisible by num_attention_heads 5"),
             "{heads}"
         );
+    }
+
+    #[test]
+    fn another_architecture_is_refused_naming_it_and_the_supported_ones() {
+        let gpt2 = err(&TINY.replace("LlamaForCausalLM", "GPT2LMHeadModel"));
+        assert!(
+            gpt2.contains("unsupported architecture \"GPT2LMHeadModel\""),
+            "{gpt2}"
+        );
+        assert!(gpt2.contains("supported: LlamaForCausalLM"), "{gpt2}");
+        // Refused for its architecture even when it also lacks Llama's fields.
+        let bare = err(r#"{"architectures": ["GPT2LMHeadModel"], "n_embd": 768}"#);
+        assert!(bare.contains("GPT2LMHeadModel"), "{bare}");
+        let none = err(&TINY.replace(r#""architectures": ["LlamaForCausalLM"], "#, ""));
+        assert!(
+            none.contains("config.json architectures is missing"),
+            "{none}"
+        );
+        assert!(none.contains("supported: LlamaForCausalLM"), "{none}");
+        // The first entry this build serves is taken; the field round-trips.
+        let multi = TINY.replace(r#"["LlamaForCausalLM"]"#, r#"["Foo", "LlamaForCausalLM"]"#);
+        let cfg = ModelConfig::from_json(&multi).expect("second entry served");
+        assert_eq!(cfg.architecture, Architecture::Llama);
+        let text = serde_json::to_string(&cfg).expect("serialize");
+        assert!(
+            text.contains(r#""architectures":["LlamaForCausalLM"]"#),
+            "{text}"
+        );
+        assert_eq!(ModelConfig::from_json(&text).expect("round trip"), cfg);
     }
 }

@@ -1,8 +1,10 @@
-//! Model loading: a Llama-architecture checkpoint (config, f32 weights, tokenizer) from
-//! either a Hugging Face directory (`config.json`, `*.safetensors`, `tokenizer.json`) or a
-//! GGUF file (weights and tokenizer from its metadata). Loading never downloads anything and
-//! never panics; bad files give an [`crate::Error`].
+//! Model loading: a checkpoint of a supported [`Architecture`] (config, weights, tokenizer)
+//! from either a Hugging Face directory (`config.json`, `*.safetensors`, `tokenizer.json`)
+//! or a GGUF file (weights and tokenizer from its metadata). Loading never downloads
+//! anything and never panics; bad files give an [`crate::Error`], and a file of another
+//! architecture is refused before its weights are read.
 
+pub mod architecture;
 pub mod config;
 pub mod llama;
 pub mod random;
@@ -15,7 +17,8 @@ use std::path::{Path, PathBuf};
 
 use candle_core::quantized::gguf_file;
 
-pub use config::LlamaConfig;
+pub use architecture::Architecture;
+pub use config::{LlamaConfig, ModelConfig};
 pub use llama::Llama;
 pub use tokenizer::{ChatMessage, TextStream, Tokenizer, chat_prompt};
 pub use weights::Weights;
@@ -26,7 +29,7 @@ use crate::error::{Error, Result};
 #[derive(Debug)]
 pub struct ModelFiles {
     /// Hyper-parameters.
-    pub config: LlamaConfig,
+    pub config: ModelConfig,
     /// f32 weights by Hugging Face name.
     pub weights: Weights,
     /// The tokenizer.
@@ -79,7 +82,7 @@ impl ModelFiles {
     pub fn load_hf_dir(dir: &Path) -> Result<Self> {
         let cfg_path = dir.join("config.json");
         let text = std::fs::read_to_string(&cfg_path).map_err(|e| Error::io(&cfg_path, e))?;
-        let config = LlamaConfig::from_json(&text)?;
+        let config = ModelConfig::from_json(&text)?;
         let weights = Weights::from_safetensors_dir(dir)?;
         let tokenizer = Tokenizer::from_file(&dir.join("tokenizer.json"))?;
         Ok(Self {
@@ -94,8 +97,9 @@ impl ModelFiles {
         let f = File::open(file).map_err(|e| Error::io(file, e))?;
         let mut reader = BufReader::new(f);
         let content = gguf_file::Content::read(&mut reader)?;
+        let architecture = gguf_architecture(&content)?;
         let tokenizer = Tokenizer::from_gguf(&content)?;
-        let config = config_from_gguf(&content, tokenizer.vocab_size())?;
+        let config = config_from_gguf(&content, architecture, tokenizer.vocab_size())?;
         let weights = Weights::from_gguf(&content, &mut reader, &config)?;
         Ok(Self {
             config,
@@ -132,33 +136,37 @@ fn find_gguf(dir: &Path) -> Result<Option<PathBuf>> {
     Ok(found.into_iter().next())
 }
 
-fn config_from_gguf(content: &gguf_file::Content, vocab: usize) -> Result<LlamaConfig> {
-    let md = &content.metadata;
-    let arch = md
-        .get("general.architecture")
-        .map(|v| v.to_string().cloned())
-        .transpose()?
-        .unwrap_or_else(|| "llama".into());
-    if arch != "llama" {
-        return Err(Error::UnsupportedModel(format!(
-            "gguf architecture {arch:?}"
-        )));
+/// The file's `general.architecture`, through the same check as `config.json`'s.
+fn gguf_architecture(content: &gguf_file::Content) -> Result<Architecture> {
+    match content.metadata.get("general.architecture") {
+        Some(v) => Architecture::from_gguf_name(v.to_string()?),
+        None => Err(Architecture::missing("GGUF general.architecture")),
     }
+}
+
+fn config_from_gguf(
+    content: &gguf_file::Content,
+    architecture: Architecture,
+    vocab: usize,
+) -> Result<ModelConfig> {
+    let md = &content.metadata;
+    let prefix = architecture.gguf_name();
     let u = |k: &str| -> Result<usize> {
         let v = md
-            .get(&format!("llama.{k}"))
-            .ok_or_else(|| Error::Config(format!("gguf metadata llama.{k} missing")))?;
+            .get(&format!("{prefix}.{k}"))
+            .ok_or_else(|| Error::Config(format!("gguf metadata {prefix}.{k} missing")))?;
         Ok(v.to_u32().or_else(|_| v.to_u64().map(|x| x as u32))? as usize)
     };
     let f = |k: &str, d: f64| -> Result<f64> {
-        match md.get(&format!("llama.{k}")) {
+        match md.get(&format!("{prefix}.{k}")) {
             Some(v) => Ok(v.to_f32()? as f64),
             None => Ok(d),
         }
     };
     let tok_id = |k: &str| md.get(k).and_then(|v| v.to_u32().ok());
     let heads = u("attention.head_count")?;
-    let cfg = LlamaConfig {
+    let cfg = ModelConfig {
+        architecture,
         hidden_size: u("embedding_length")?,
         intermediate_size: u("feed_forward_length")?,
         num_hidden_layers: u("block_count")?,
@@ -174,4 +182,42 @@ fn config_from_gguf(content: &gguf_file::Content, vocab: usize) -> Result<LlamaC
     };
     cfg.validate()?;
     Ok(cfg)
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)]
+    use super::*;
+
+    /// A GGUF file with only `general.architecture` (and no tensors).
+    fn gguf_of(arch: Option<&str>) -> tempfile::NamedTempFile {
+        let file = tempfile::NamedTempFile::new().unwrap();
+        let value = arch.map(|a| gguf_file::Value::String(a.into()));
+        let metadata: Vec<(&str, &gguf_file::Value)> =
+            value.iter().map(|v| ("general.architecture", v)).collect();
+        gguf_file::write(&mut file.reopen().unwrap(), &metadata, &[]).unwrap();
+        file
+    }
+
+    #[test]
+    fn a_gguf_of_another_architecture_is_refused_naming_it_and_the_supported_ones() {
+        let err = ModelFiles::load_gguf(gguf_of(Some("qwen2")).path())
+            .unwrap_err()
+            .to_string();
+        assert!(
+            err.contains("unsupported architecture \"qwen2\" (GGUF general.architecture)"),
+            "{err}"
+        );
+        assert!(
+            err.contains("supported: LlamaForCausalLM (GGUF: llama)"),
+            "{err}"
+        );
+        let err = ModelFiles::load_gguf(gguf_of(None).path())
+            .unwrap_err()
+            .to_string();
+        assert!(
+            err.contains("GGUF general.architecture is missing"),
+            "{err}"
+        );
+    }
 }

@@ -10,7 +10,8 @@ use std::path::Path;
 use candle_core::{Device, Tensor};
 use serde_json::json;
 
-use super::config::LlamaConfig;
+use super::architecture::Architecture;
+use super::config::ModelConfig;
 use super::tokenizer::{byte_level_alphabet, tokenizer_json};
 use crate::error::{Error, Result};
 use crate::sampling::Rng;
@@ -26,8 +27,9 @@ user assistant system <|im_start|> Tokens per second, queue wait, time to first 
 1234567890 the of and to in is that it for on with as was at by";
 
 /// The shape of the generated model.
-pub fn random_config(vocab_size: usize) -> LlamaConfig {
-    LlamaConfig {
+pub fn random_config(vocab_size: usize) -> ModelConfig {
+    ModelConfig {
+        architecture: Architecture::Llama,
         hidden_size: 64,
         intermediate_size: 160,
         num_hidden_layers: 3,
@@ -106,7 +108,7 @@ fn normal(rng: &mut Rng, shape: &[usize], std: f32, mean: f32) -> Result<Tensor>
 }
 
 /// The random weights for `cfg`, by Hugging Face name.
-pub fn random_weights(cfg: &LlamaConfig, seed: u64) -> Result<HashMap<String, Tensor>> {
+pub fn random_weights(cfg: &ModelConfig, seed: u64) -> Result<HashMap<String, Tensor>> {
     let mut rng = Rng::new(seed);
     let (h, i) = (cfg.hidden_size, cfg.intermediate_size);
     let kvd = cfg.kv_heads() * cfg.head_dim();
@@ -142,7 +144,7 @@ pub fn random_weights(cfg: &LlamaConfig, seed: u64) -> Result<HashMap<String, Te
 }
 
 /// Writes `config.json`, `model.safetensors` and `tokenizer.json` into `out` (created).
-pub fn write_random_model(out: &Path, seed: u64) -> Result<LlamaConfig> {
+pub fn write_random_model(out: &Path, seed: u64) -> Result<ModelConfig> {
     std::fs::create_dir_all(out).map_err(|e| Error::io(out, e))?;
     let (tokens, merges) = learn_merges();
     let specials: Vec<u32> = (0..SPECIALS.len() as u32).collect();
@@ -153,7 +155,6 @@ pub fn write_random_model(out: &Path, seed: u64) -> Result<LlamaConfig> {
     let mut cfg_json = serde_json::to_value(&cfg)
         .map_err(|e| Error::Config(format!("serializing config: {e}")))?;
     if let Some(obj) = cfg_json.as_object_mut() {
-        obj.insert("architectures".into(), json!(["LlamaForCausalLM"]));
         obj.insert("model_type".into(), json!("llama"));
         obj.insert("hidden_act".into(), json!("silu"));
         obj.insert("torch_dtype".into(), json!("float32"));

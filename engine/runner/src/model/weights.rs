@@ -18,7 +18,7 @@ use std::borrow::Cow;
 use candle_core::quantized::{GgmlDType, QStorage, QTensor, gguf_file};
 use candle_core::{DType, Device, Tensor};
 
-use super::config::LlamaConfig;
+use super::config::ModelConfig;
 use crate::error::{Error, Result};
 
 /// All weights of a checkpoint, by Hugging Face name.
@@ -158,7 +158,7 @@ impl Weights {
     pub fn from_gguf<R: std::io::Read + std::io::Seek>(
         content: &gguf_file::Content,
         reader: &mut R,
-        cfg: &LlamaConfig,
+        cfg: &ModelConfig,
     ) -> Result<Self> {
         let mut w = Self::from_map(HashMap::new());
         let hd = cfg.head_dim();
