@@ -1,246 +1,157 @@
-//! The runner's weight layout: every projection is a [`Projection`] in its served format
-//! ([`super::weight_format`]), with the projections that read the same input fused so one
-//! kernel call serves them (`wqkv = [q; k; v]`, `w_gate_up = [gate; up]`). Norm scales and
-//! the embedding (for row lookup) stay f32 row-major. Built once from [`Weights`]; the
-//! checkpoint can be dropped afterwards.
+//! The packed CPU runner's model, written as small layer structs in candle-transformers'
+//! style, each with a `load` from the checkpoint and a `forward`: `Embedding` →
+//! `DecoderLayer` (`RmsNorm`, `Attention`, `Mlp`) per layer → `RmsNorm` → `LmHead`
+//! (files `packed/{ends,attention,mlp,decoder}.rs`). Every projection is a [`Projection`](crate::weight_format::Projection) in its
+//! served format ([`crate::weight_format`]), with the projections that read the same input
+//! fused so one kernel call serves them (`wqkv = [q; k; v]`, `w_gate_up = [gate; up]`). Norm
+//! scales and the embedding (for row lookup) stay f32 row-major. Built once from
+//! [`Weights`]; the checkpoint can be dropped afterwards.
 //!
-//! [`WeightsPlan`] decides every projection's format from the checkpoint and the
-//! `--weights` choice without packing, so the server can report the served format and the
-//! bytes per token before the (slower) packing runs on the engine thread.
+//! [`WeightsPlan`] decides every projection's format from the layer structs' specs and the
+//! `--weights` choice without packing (`packed/plan.rs`).
+//!
+//! Invariants: the architecture ([`Architecture`]) picks the layer structs in one place
+//! (`layout` and [`PackedModel::pack`]); a forward pass runs every layer over all rows of
+//! the step at once and computes the final norm and LM head only for the rows whose logits
+//! are wanted.
 
-use std::collections::BTreeMap;
+mod attention;
+mod decoder;
+mod ends;
+mod mlp;
+mod plan;
 
-use candle_core::Tensor;
+use crate::attention::RowPos;
+use crate::error::{Error, Result};
+use crate::kv_store::KvStore;
+use crate::model::{Architecture, ModelConfig, Weights};
+use crate::weight_format::WeightChoice;
+use crate::{SeqChunk, StepLogits};
+use decoder::{DecoderLayer, Scratch};
+use ends::{Embedding, LmHead, RmsNorm};
+pub use plan::WeightsPlan;
+use plan::{Layout, Packer};
 
-use super::weight_format::{Projection, Served, WeightChoice};
-use crate::error::Result;
-use crate::model::{LlamaConfig, Weights};
-
-/// One decoder layer, packed.
-#[derive(Debug)]
-pub struct PackedLayer {
-    /// Input RMSNorm scale `[hidden]`.
-    pub attn_norm: Vec<f32>,
-    /// `[(heads + 2·kv_heads)·head_dim, hidden]`.
-    pub wqkv: Projection,
-    /// `[hidden, hidden]`.
-    pub wo: Projection,
-    /// Post-attention RMSNorm scale `[hidden]`.
-    pub ffn_norm: Vec<f32>,
-    /// `[2·intermediate, hidden]`: gate rows then up rows.
-    pub w_gate_up: Projection,
-    /// `[hidden, intermediate]`.
-    pub w_down: Projection,
-}
-
-/// All weights, packed.
+/// All weights, packed, as layer structs.
 #[derive(Debug)]
 pub struct PackedModel {
-    /// `[vocab, hidden]`.
-    pub embed: Vec<f32>,
-    /// The layers in order.
-    pub layers: Vec<PackedLayer>,
-    /// Final norm scale.
-    pub norm: Vec<f32>,
-    /// `[vocab, hidden]` (a packed copy of `embed` when tied).
-    pub lm_head: Projection,
-    /// The formats chosen and the bytes per token.
-    pub plan: WeightsPlan,
+    embed: Embedding,
+    layers: Vec<DecoderLayer>,
+    norm: RmsNorm,
+    lm_head: LmHead,
+    plan: WeightsPlan,
 }
 
-/// One projection: the checkpoint tensors fused into it (name, rows) and its input width.
-struct Spec {
-    parts: Vec<(String, usize)>,
-    k: usize,
-}
-
-impl Spec {
-    fn new(parts: &[(&str, usize)], k: usize) -> Self {
-        Spec {
-            parts: parts.iter().map(|(n, r)| (n.to_string(), *r)).collect(),
-            k,
-        }
-    }
-
-    fn rows(&self) -> usize {
-        self.parts.iter().map(|p| p.1).sum()
-    }
-}
-
-/// Projections of layer `i`, in the order wqkv, wo, w_gate_up, w_down.
-fn layer_specs(i: usize, cfg: &LlamaConfig) -> [Spec; 4] {
-    let h = cfg.hidden_size;
-    let kvd = cfg.kv_heads() * cfg.head_dim();
-    let inter = cfg.intermediate_size;
-    let p = format!("model.layers.{i}");
-    let n = |s: &str| format!("{p}.{s}");
-    [
-        Spec::new(
-            &[
-                (&n("self_attn.q_proj.weight"), h),
-                (&n("self_attn.k_proj.weight"), kvd),
-                (&n("self_attn.v_proj.weight"), kvd),
-            ],
-            h,
-        ),
-        Spec::new(&[(&n("self_attn.o_proj.weight"), h)], h),
-        Spec::new(
-            &[
-                (&n("mlp.gate_proj.weight"), inter),
-                (&n("mlp.up_proj.weight"), inter),
-            ],
-            h,
-        ),
-        Spec::new(&[(&n("mlp.down_proj.weight"), h)], inter),
-    ]
-}
-
-/// The LM head: its own matrix, or the embedding when tied.
-fn lm_head_spec(w: &Weights, cfg: &LlamaConfig) -> Spec {
-    let name = if !cfg.tie_word_embeddings && w.contains("lm_head.weight") {
-        "lm_head.weight"
-    } else {
-        "model.embed_tokens.weight"
-    };
-    Spec::new(&[(name, cfg.vocab_size)], cfg.hidden_size)
-}
-
-fn all_specs(w: &Weights, cfg: &LlamaConfig) -> Vec<Spec> {
-    let mut specs: Vec<Spec> = (0..cfg.num_hidden_layers)
-        .flat_map(|i| layer_specs(i, cfg))
-        .collect();
-    specs.push(lm_head_spec(w, cfg));
-    specs
-}
-
-/// The served format of every projection (layers in order, then the LM head).
-#[derive(Debug, Clone)]
-pub struct WeightsPlan {
-    formats: Vec<Served>,
-    /// Weights per served format.
-    weights: BTreeMap<Served, usize>,
-    bytes_per_token: usize,
-}
-
-impl WeightsPlan {
-    /// Decides the formats (reads only the tensors' encodings and shapes).
-    pub fn new(w: &Weights, cfg: &LlamaConfig, choice: WeightChoice) -> Result<Self> {
-        let h = cfg.hidden_size;
-        let mut plan = WeightsPlan {
-            formats: Vec::new(),
-            weights: BTreeMap::new(),
-            // Norm scales of every layer and the final norm, and one embedding row.
-            bytes_per_token: (2 * cfg.num_hidden_layers + 2) * h * 4,
-        };
-        let specs = all_specs(w, cfg);
-        let last = specs.len() - 1;
-        for (i, spec) in specs.into_iter().enumerate() {
-            // As llama.cpp's quantizer does, a 4-bit conversion keeps the LM head at 8 bits:
-            // its errors go straight into the logits (on SmolLM2, 4-bit doubles their error).
-            let choice = match choice {
-                WeightChoice::Q4_0 | WeightChoice::Q4_1 if i == last => WeightChoice::Q8_0,
-                c => c,
-            };
-            let mut fmt = None;
-            for (name, rows) in &spec.parts {
-                let stored = w.stored(name, &[*rows, spec.k])?;
-                let f = Served::choose(choice, &stored, spec.k);
-                fmt = Some(fmt.map_or(f, |g: Served| g.max(f)));
+/// Every projection of `cfg`'s architecture, in packing order, and the f32 values a step
+/// reads besides them.
+fn layout(w: &Weights, cfg: &ModelConfig) -> Layout {
+    match cfg.architecture {
+        Architecture::Llama => {
+            let mut specs: Vec<_> = (0..cfg.num_hidden_layers)
+                .flat_map(|i| DecoderLayer::specs(i, cfg))
+                .collect();
+            specs.push(LmHead::spec(w, cfg));
+            let layers = cfg.num_hidden_layers * DecoderLayer::f32_per_token(cfg);
+            // The final norm's scale and one embedding row.
+            Layout {
+                specs,
+                f32_per_token: layers + 2 * cfg.hidden_size,
             }
-            let fmt = fmt.unwrap_or(Served::F32);
-            plan.formats.push(fmt);
-            *plan.weights.entry(fmt).or_default() += spec.rows() * spec.k;
-            plan.bytes_per_token += fmt.bytes_for(spec.rows(), spec.k);
         }
-        Ok(plan)
     }
-
-    /// Weight bytes read by one decode step (every projection once, norms, one embedding
-    /// row): the numerator of the batch-1 roofline.
-    pub fn bytes_per_token(&self) -> usize {
-        self.bytes_per_token
-    }
-
-    /// Weights of all projections.
-    pub fn weight_count(&self) -> usize {
-        self.weights.values().sum()
-    }
-
-    /// The formats served, most weights first, e.g. `q4_1 79% + q8_0 21%` (or just `f32`).
-    pub fn label(&self) -> String {
-        let total: usize = self.weights.values().sum();
-        let mut v: Vec<_> = self.weights.iter().collect();
-        v.sort_by(|a, b| b.1.cmp(a.1));
-        if v.len() == 1 {
-            return v[0].0.name().to_string();
-        }
-        v.iter()
-            .map(|(f, n)| {
-                format!(
-                    "{} {:.0}%",
-                    f.name(),
-                    **n as f64 * 100.0 / total.max(1) as f64
-                )
-            })
-            .collect::<Vec<_>>()
-            .join(" + ")
-    }
-}
-
-fn flat(t: &Tensor) -> Result<Vec<f32>> {
-    Ok(t.flatten_all()?.to_vec1::<f32>()?)
 }
 
 impl PackedModel {
     /// Packs checked weights (shapes validated against `cfg`) in the formats `choice` gives.
-    pub fn pack(w: &Weights, cfg: &LlamaConfig, choice: WeightChoice) -> Result<Self> {
+    pub fn pack(w: &Weights, cfg: &ModelConfig, choice: WeightChoice) -> Result<Self> {
         let plan = WeightsPlan::new(w, cfg, choice)?;
-        let h = cfg.hidden_size;
-        let specs = all_specs(w, cfg);
-        let mut fmts = plan.formats.iter().copied();
-        let mut projections = Vec::with_capacity(specs.len());
-        for spec in &specs {
-            let parts = spec
-                .parts
-                .iter()
-                .map(|(name, rows)| w.stored(name, &[*rows, spec.k]))
-                .collect::<Result<Vec<_>>>()?;
-            let fmt = fmts.next().unwrap_or(Served::F32);
-            projections.push(Projection::pack(&parts, spec.k, fmt)?);
-        }
-        let lm_head = projections
-            .pop()
-            .ok_or_else(|| crate::error::Error::Config("model without an LM head".into()))?;
-        let mut it = projections.into_iter();
-        let mut layers = Vec::with_capacity(cfg.num_hidden_layers);
-        for i in 0..cfg.num_hidden_layers {
-            let p = format!("model.layers.{i}");
-            let (Some(wqkv), Some(wo), Some(w_gate_up), Some(w_down)) =
-                (it.next(), it.next(), it.next(), it.next())
-            else {
-                return Err(crate::error::Error::Config("layer count".into()));
-            };
-            layers.push(PackedLayer {
-                attn_norm: flat(&w.get(&format!("{p}.input_layernorm.weight"), &[h])?)?,
-                wqkv,
-                wo,
-                ffn_norm: flat(&w.get(&format!("{p}.post_attention_layernorm.weight"), &[h])?)?,
-                w_gate_up,
-                w_down,
-            });
+        let p = Packer::new(w, &plan);
+        let (embed, layers, norm, lm_head) = match cfg.architecture {
+            Architecture::Llama => (
+                Embedding::load(&p, cfg)?,
+                (0..cfg.num_hidden_layers)
+                    .map(|i| DecoderLayer::load(&p, i, cfg))
+                    .collect::<Result<Vec<_>>>()?,
+                RmsNorm::load(&p, "model.norm.weight", cfg)?,
+                LmHead::load(&p, cfg)?,
+            ),
+        };
+        if layers.is_empty() {
+            return Err(Error::Config("model without layers".into()));
         }
         Ok(Self {
-            embed: flat(&w.get("model.embed_tokens.weight", &[cfg.vocab_size, h])?)?,
+            embed,
             layers,
-            norm: flat(&w.get("model.norm.weight", &[h])?)?,
+            norm,
             lm_head,
             plan,
         })
+    }
+
+    /// The formats chosen and the bytes per token.
+    pub fn plan(&self) -> &WeightsPlan {
+        &self.plan
+    }
+
+    /// Bytes of weights one decode step reads, summed over the packed layer structs.
+    pub fn bytes_per_token(&self) -> usize {
+        let layers: usize = self.layers.iter().map(DecoderLayer::bytes).sum();
+        self.embed.bytes_per_token() + layers + self.norm.bytes() + self.lm_head.bytes()
+    }
+
+    /// One forward pass over a validated batch: embed → every layer (writing this step's
+    /// K/V into `kv`) → final norm → LM head, for the chunks that want logits.
+    pub fn forward(
+        &self,
+        cfg: &ModelConfig,
+        batch: &[SeqChunk<'_>],
+        kv: &mut KvStore,
+    ) -> StepLogits {
+        let rows: Vec<RowPos<'_>> = batch
+            .iter()
+            .flat_map(|c| {
+                (0..c.tokens.len()).map(move |i| RowPos {
+                    pos: c.start_pos + i,
+                    block_table: c.block_table,
+                })
+            })
+            .collect();
+        let mut x = Vec::with_capacity(rows.len() * cfg.hidden_size);
+        for c in batch {
+            self.embed.forward(c.tokens, &mut x);
+        }
+        let mut scratch = Scratch::new(rows.len(), cfg);
+        for layer in &self.layers {
+            layer.forward(&mut x, &rows, kv, &mut scratch);
+        }
+        self.logits(&x, batch, cfg.hidden_size)
+    }
+
+    /// Final norm and LM head for the last row of each chunk that wants logits.
+    fn logits(&self, x: &[f32], batch: &[SeqChunk<'_>], h: usize) -> StepLogits {
+        let mut wanted = Vec::new();
+        let mut end = 0;
+        for c in batch {
+            end += c.tokens.len();
+            if c.want_logits {
+                wanted.push(end - 1);
+            }
+        }
+        let mut normed = vec![0f32; wanted.len() * h];
+        self.norm.forward_rows(x, &wanted, &mut normed);
+        let logits = self.lm_head.forward(&normed, wanted.len());
+        let vocab = logits.len() / wanted.len().max(1);
+        let mut per_row = logits.chunks_exact(vocab.max(1)).map(<[f32]>::to_vec);
+        batch
+            .iter()
+            .map(|c| if c.want_logits { per_row.next() } else { None })
+            .collect()
     }
 }
 
 #[cfg(test)]
 mod tests {
+    #![allow(clippy::unwrap_used)]
     use super::*;
     use crate::model::random::{random_config, random_weights};
 
@@ -256,20 +167,11 @@ mod tests {
             WeightChoice::Q4_1,
         ] {
             let m = PackedModel::pack(&w, &cfg, choice).unwrap();
-            let packed: usize = m
-                .layers
-                .iter()
-                .map(|l| {
-                    (l.attn_norm.len() + l.ffn_norm.len()) * 4
-                        + l.wqkv.bytes()
-                        + l.wo.bytes()
-                        + l.w_gate_up.bytes()
-                        + l.w_down.bytes()
-                })
-                .sum::<usize>()
-                + (m.norm.len() + cfg.hidden_size) * 4
-                + m.lm_head.bytes();
-            assert_eq!(m.plan.bytes_per_token(), packed, "{choice:?}");
+            assert_eq!(
+                m.plan().bytes_per_token(),
+                m.bytes_per_token(),
+                "{choice:?}"
+            );
         }
     }
 

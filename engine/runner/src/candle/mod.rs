@@ -1,6 +1,7 @@
 //! The device runner on candle tensors (`--runner candle`): the same forward pass as the
 //! packed runner (RMSNorm, half-split RoPE, grouped-query paged attention, SwiGLU), written
-//! with candle ops so it runs on `Device::Cpu` and, with the `cuda` feature, on
+//! as layer structs on candle ops (`layers`, `model`: embed → each layer's `forward` →
+//! norm → LM head) so it runs on `Device::Cpu` and, with the `cuda` feature, on
 //! `Device::Cuda` (cuBLAS matmuls). Weights are bf16 on CUDA and f32 on the CPU
 //! ([`super::select::candle_dtype`] says why); the KV pool is block tensors on the device
 //! ([`kv_pool`]); a step is one batched pass over mixed prefill chunks and decode rows.
@@ -14,39 +15,32 @@
 
 mod attention;
 pub mod kv_pool;
+mod layers;
+mod model;
+mod step;
 mod weights;
 
-use candle_core::{D, DType, Device, Tensor};
+use candle_core::{DType, Device};
 
 use super::select::{DeviceChoice, candle_dtype, open_device};
 use super::{ModelRunner, RunnerConfig, SeqChunk, StepLogits, validate_batch};
 use crate::error::{Error, Result};
-use crate::model::{LlamaConfig, ModelFiles, Weights};
-use attention::{AttnPlan, Heads};
+use crate::model::{ModelConfig, ModelFiles, Weights};
 use kv_pool::{DeviceKv, PoolShape};
+use model::DeviceModel;
+use step::StepInputs;
 use tidegate_kv::block_io::{BlockIo, BlockIoError};
 use tidegate_kv::kv_sizing::Mib;
-use weights::DeviceModel;
+use weights::TensorSource;
 
 /// Weights and KV pool on a candle device, and the forward pass over them.
 #[derive(Debug)]
 pub struct CandleRunner {
-    cfg: LlamaConfig,
+    cfg: ModelConfig,
     device: Device,
     dtype: DType,
     model: DeviceModel,
     kv: DeviceKv,
-}
-
-/// What one step uploads once and every layer reads.
-struct StepInputs {
-    ids: Tensor,
-    cos: Tensor,
-    sin: Tensor,
-    slots: Tensor,
-    attn: AttnPlan,
-    /// Rows whose logits are wanted, in batch order.
-    last_rows: Vec<u32>,
 }
 
 impl CandleRunner {
@@ -61,25 +55,25 @@ impl CandleRunner {
     /// path on the CPU).
     pub fn with_dtype(
         w: &Weights,
-        cfg: &LlamaConfig,
+        cfg: &ModelConfig,
         rc: RunnerConfig,
         device: &Device,
         dtype: DType,
     ) -> Result<Self> {
         rc.check()?;
-        let model = DeviceModel::load(w, cfg, dtype, device)?;
+        let model = DeviceModel::load(&TensorSource::checkpoint(w, dtype, device), cfg)?;
         Self::with_model(model, cfg, rc, device, dtype)
     }
 
     /// Random weights of `cfg`'s shapes made on `device` in its dtype (`bench
     /// --random-config`): the same forward pass and pool as a loaded model, no files.
-    pub fn random(cfg: &LlamaConfig, rc: RunnerConfig, device: DeviceChoice) -> Result<Self> {
+    pub fn random(cfg: &ModelConfig, rc: RunnerConfig, device: DeviceChoice) -> Result<Self> {
         rc.check()?;
         cfg.validate()?;
         let dtype = candle_dtype(device);
         let at = device;
         let device = open_device(device)?;
-        let model = DeviceModel::random(cfg, dtype, &device).map_err(|e| {
+        let model = DeviceModel::load(&TensorSource::random(dtype, &device), cfg).map_err(|e| {
             Error::Placement(format!(
                 "making random weights on {at} ({} in {}): {e}",
                 Mib(device_weight_bytes(cfg, dtype)),
@@ -91,7 +85,7 @@ impl CandleRunner {
 
     fn with_model(
         model: DeviceModel,
-        cfg: &LlamaConfig,
+        cfg: &ModelConfig,
         rc: RunnerConfig,
         device: &Device,
         dtype: DType,
@@ -117,7 +111,7 @@ impl CandleRunner {
         })
     }
 
-    fn pool_shape(cfg: &LlamaConfig, rc: RunnerConfig) -> PoolShape {
+    fn pool_shape(cfg: &ModelConfig, rc: RunnerConfig) -> PoolShape {
         PoolShape {
             layers: cfg.num_hidden_layers,
             kv_heads: cfg.kv_heads(),
@@ -128,7 +122,7 @@ impl CandleRunner {
     }
 
     /// Bytes of one KV block for `cfg` in `dtype` (to size a pool from a byte budget).
-    pub fn block_bytes_for(cfg: &LlamaConfig, block_size: usize, dtype: DType) -> usize {
+    pub fn block_bytes_for(cfg: &ModelConfig, block_size: usize, dtype: DType) -> usize {
         let rc = RunnerConfig {
             block_size,
             num_blocks: 1,
@@ -146,118 +140,15 @@ impl CandleRunner {
         self.dtype
     }
 
-    fn inputs(&self, batch: &[SeqChunk<'_>]) -> Result<StepInputs> {
-        let bs = self.kv.shape().block_size;
-        let hd = self.cfg.head_dim();
-        let half = hd / 2;
-        let mut ids = Vec::new();
-        let mut slots = Vec::new();
-        let mut cos = Vec::new();
-        let mut sin = Vec::new();
-        let mut last_rows = Vec::new();
-        for c in batch {
-            for (i, &t) in c.tokens.iter().enumerate() {
-                let pos = c.start_pos + i;
-                ids.push(t);
-                slots.push(c.block_table[pos / bs] * bs as u32 + (pos % bs) as u32);
-                // f64 angles: positions far into a long context keep their precision.
-                for _ in 0..2 {
-                    for j in 0..half {
-                        let freq = 1.0 / self.cfg.rope_theta.powf(2.0 * j as f64 / hd as f64);
-                        let a = pos as f64 * freq;
-                        cos.push(a.cos() as f32);
-                        sin.push(a.sin() as f32);
-                    }
-                }
-            }
-            if c.want_logits {
-                last_rows.push((ids.len() - 1) as u32);
-            }
-        }
-        let t = ids.len();
-        let dev = &self.device;
-        Ok(StepInputs {
-            ids: Tensor::from_vec(ids, t, dev)?,
-            cos: Tensor::from_vec(cos, (t, 1, hd), dev)?,
-            sin: Tensor::from_vec(sin, (t, 1, hd), dev)?,
-            slots: self.kv.slot_index(&slots)?,
-            attn: AttnPlan::new(batch, bs, dev)?,
-            last_rows,
-        })
-    }
-
     fn forward(&self, batch: &[SeqChunk<'_>]) -> Result<StepLogits> {
-        let inp = self.inputs(batch)?;
-        let cfg = &self.cfg;
-        let (h, hd) = (cfg.hidden_size, cfg.head_dim());
-        let kvd = cfg.kv_heads() * hd;
-        let heads = Heads {
-            heads: cfg.num_attention_heads,
-            kv_heads: cfg.kv_heads(),
-            head_dim: hd,
-        };
-        let t = inp.ids.dim(0)?;
-        let eps = cfg.rms_norm_eps;
-        let mut x = self
-            .model
-            .embed
-            .index_select(&inp.ids, 0)?
-            .to_dtype(DType::F32)?;
-        for (li, layer) in self.model.layers.iter().enumerate() {
-            let hn = rms_norm(&x, &layer.attn_norm, eps)?.to_dtype(self.dtype)?;
-            let qkv = hn.matmul(&layer.wqkv.t()?)?;
-            let rope = |from: usize, n: usize| -> Result<Tensor> {
-                let part = qkv.narrow(1, from, n * hd)?.to_dtype(DType::F32)?;
-                apply_rope(&part.reshape((t, n, hd))?, &inp.cos, &inp.sin)
-            };
-            let q = rope(0, heads.heads)?.to_dtype(self.dtype)?;
-            let k = rope(h, heads.kv_heads)?
-                .to_dtype(self.dtype)?
-                .reshape((t, kvd))?;
-            let v = qkv.narrow(1, h + kvd, kvd)?.contiguous()?;
-            self.kv.write(li, &inp.slots, &k, &v)?;
-            let attn = inp.attn.attend(&self.kv, li, &q, heads)?;
-            x = (x + attn.matmul(&layer.wo.t()?)?.to_dtype(DType::F32)?)?;
-            let hn = rms_norm(&x, &layer.ffn_norm, eps)?.to_dtype(self.dtype)?;
-            let gu = hn.matmul(&layer.w_gate_up.t()?)?;
-            let inter = cfg.intermediate_size;
-            let act = (gu.narrow(1, 0, inter)?.silu()? * gu.narrow(1, inter, inter)?)?;
-            x = (x + act.matmul(&layer.w_down.t()?)?.to_dtype(DType::F32)?)?;
-        }
-        self.logits(&x, batch, &inp.last_rows)
+        let inp = StepInputs::new(batch, &self.cfg, &self.kv, &self.device)?;
+        self.model.forward(batch, &inp, &self.kv)
     }
-
-    /// Final norm and LM head for the wanted rows only; back to the host in f32.
-    fn logits(&self, x: &Tensor, batch: &[SeqChunk<'_>], rows: &[u32]) -> Result<StepLogits> {
-        let mut per_row = if rows.is_empty() {
-            Vec::new()
-        } else {
-            let idx = Tensor::from_vec(rows.to_vec(), rows.len(), &self.device)?;
-            let last = x.index_select(&idx, 0)?;
-            let normed = rms_norm(&last, &self.model.norm, self.cfg.rms_norm_eps)?;
-            normed
-                .to_dtype(self.dtype)?
-                .matmul(&self.model.lm_head.t()?)?
-                .to_dtype(DType::F32)?
-                .to_vec2::<f32>()?
-        }
-        .into_iter();
-        Ok(batch
-            .iter()
-            .map(|c| if c.want_logits { per_row.next() } else { None })
-            .collect())
-    }
-}
-
-/// `x / sqrt(mean(x²) + eps) · w` over the last dimension (f32).
-fn rms_norm(x: &Tensor, w: &Tensor, eps: f64) -> Result<Tensor> {
-    let ms = x.sqr()?.mean_keepdim(D::Minus1)?;
-    Ok(x.broadcast_div(&(ms + eps)?.sqrt()?)?.broadcast_mul(w)?)
 }
 
 /// Weights multiplied per token: every projection and the LM head (embedding rows are read,
 /// not multiplied).
-pub fn weight_count_for(cfg: &LlamaConfig) -> usize {
+pub fn weight_count_for(cfg: &ModelConfig) -> usize {
     let (h, i) = (cfg.hidden_size, cfg.intermediate_size);
     let kvd = cfg.kv_heads() * cfg.head_dim();
     let layer = h * (h + 2 * kvd) + h * h + 3 * i * h;
@@ -267,7 +158,7 @@ pub fn weight_count_for(cfg: &LlamaConfig) -> usize {
 /// Bytes the weights of `cfg` take on the device in `dtype`, before they are loaded (to
 /// check that they and the KV pool fit): every matrix in `dtype` (the LM head shares the
 /// embedding when tied), the norms in f32.
-pub fn device_weight_bytes(cfg: &LlamaConfig, dtype: DType) -> u64 {
+pub fn device_weight_bytes(cfg: &ModelConfig, dtype: DType) -> u64 {
     let h = cfg.hidden_size;
     let embed = if cfg.tie_word_embeddings {
         0
@@ -277,15 +168,6 @@ pub fn device_weight_bytes(cfg: &LlamaConfig, dtype: DType) -> u64 {
     let matrices = (weight_count_for(cfg) + embed) * dtype.size_in_bytes();
     let norms = (2 * cfg.num_hidden_layers + 1) * h * DType::F32.size_in_bytes();
     (matrices + norms) as u64
-}
-
-/// Half-split RoPE on `[T, heads, hd]` with per-row tables `[T, 1, hd]`.
-fn apply_rope(x: &Tensor, cos: &Tensor, sin: &Tensor) -> Result<Tensor> {
-    let hd = x.dim(2)?;
-    let x1 = x.narrow(2, 0, hd / 2)?;
-    let x2 = x.narrow(2, hd / 2, hd / 2)?;
-    let rot = Tensor::cat(&[&x2.neg()?, &x1], 2)?;
-    Ok((x.broadcast_mul(cos)? + rot.broadcast_mul(sin)?)?)
 }
 
 impl ModelRunner for CandleRunner {
@@ -349,7 +231,7 @@ mod tests {
 
     #[test]
     fn random_weights_run_and_their_bytes_are_known_before_loading() {
-        let cfg = LlamaConfig::from_json(
+        let cfg = ModelConfig::from_json(
             r#"{"architectures": ["LlamaForCausalLM"], "hidden_size": 64, "intermediate_size": 96, "num_hidden_layers": 2,
                 "num_attention_heads": 4, "num_key_value_heads": 2, "vocab_size": 300}"#,
         )

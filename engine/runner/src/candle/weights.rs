@@ -1,157 +1,108 @@
-//! The candle runner's weights on the device: each layer's Q, K and V projections fused into
-//! one matrix (one matmul per layer instead of three), gate and up fused likewise, all in the
-//! runner's dtype. Quantized GGUF matrices are dequantized at load ([`Weights::get`]), then
-//! narrowed to the dtype; norms are kept in f32 (the normalization runs in f32).
+//! Where the candle runner's layer structs get their tensors: [`TensorSource`] is either a
+//! loaded checkpoint (tensors by Hugging Face name, quantized GGUF matrices dequantized at
+//! load by [`Weights::get`], then narrowed to the runner's dtype and moved to the device) or
+//! random values of the config's shapes drawn on the device (`bench --random-config`: a GPU
+//! benchmark of real shapes needs no weight files to carry). Each layer struct has one
+//! `load` over either source.
 //!
-//! [`DeviceModel::random`] makes the same tensors from a config alone, drawn on the device
-//! (`bench --random-config`): a GPU benchmark of real shapes needs no weight files to carry.
-//!
-//! Invariant: every matrix is `[out, in]` (the checkpoint's layout), used as `x · Wᵀ`.
+//! Invariants: every matrix is `[out, in]` (the checkpoint's layout, used as `x · Wᵀ`) in
+//! the runner's dtype; a fused matrix is its parts' rows in the order given; norm scales are
+//! f32 (the normalization runs in f32).
 
 use candle_core::{DType, Device, Tensor};
 
 use crate::error::Result;
-use crate::model::{LlamaConfig, Weights};
+use crate::model::{ModelConfig, Weights};
 
-/// One decoder layer's tensors.
-#[derive(Debug)]
-pub struct DeviceLayer {
-    /// RMSNorm before attention, f32 `[hidden]`.
-    pub attn_norm: Tensor,
-    /// `[hidden + 2 * kv_dim, hidden]`: Q rows, then K, then V.
-    pub wqkv: Tensor,
-    /// `[hidden, hidden]`.
-    pub wo: Tensor,
-    /// RMSNorm before the MLP, f32 `[hidden]`.
-    pub ffn_norm: Tensor,
-    /// `[2 * intermediate, hidden]`: gate rows, then up.
-    pub w_gate_up: Tensor,
-    /// `[hidden, intermediate]`.
-    pub w_down: Tensor,
+/// A checkpoint on the host, or random values.
+#[derive(Debug, Clone, Copy)]
+enum Origin<'a> {
+    Checkpoint(&'a Weights),
+    Random,
 }
 
-/// The whole model on the device.
-#[derive(Debug)]
-pub struct DeviceModel {
-    /// `[vocab, hidden]`, runner dtype.
-    pub embed: Tensor,
-    /// The decoder layers.
-    pub layers: Vec<DeviceLayer>,
-    /// Final RMSNorm, f32 `[hidden]`.
-    pub norm: Tensor,
-    /// `[vocab, hidden]` (the embedding when tied).
-    pub lm_head: Tensor,
+/// The tensors the layer structs load, in the runner's dtype on its device.
+#[derive(Debug, Clone, Copy)]
+pub struct TensorSource<'a> {
+    origin: Origin<'a>,
+    dtype: DType,
+    device: &'a Device,
 }
 
-impl DeviceModel {
-    /// Loads `w` onto `device` in `dtype`.
-    pub fn load(w: &Weights, cfg: &LlamaConfig, dtype: DType, device: &Device) -> Result<Self> {
-        let h = cfg.hidden_size;
-        let vocab = cfg.vocab_size;
-        let put =
-            |t: Tensor, dt: DType| -> Result<Tensor> { Ok(t.to_dtype(dt)?.to_device(device)?) };
-        let embed = put(w.get("model.embed_tokens.weight", &[vocab, h])?, dtype)?;
-        // Tied: one tensor on the device, shared (a clone shares the storage).
-        let lm_head = if !cfg.tie_word_embeddings && w.contains("lm_head.weight") {
-            put(w.get("lm_head.weight", &[vocab, h])?, dtype)?
-        } else {
-            embed.clone()
-        };
-        let layers = (0..cfg.num_hidden_layers)
-            .map(|i| load_layer(w, cfg, i, &|t| put(t, dtype), &|t| put(t, DType::F32)))
-            .collect::<Result<Vec<_>>>()?;
-        Ok(DeviceModel {
-            embed,
-            layers,
-            norm: put(w.get("model.norm.weight", &[h])?, DType::F32)?,
-            lm_head,
-        })
+impl<'a> TensorSource<'a> {
+    /// The tensors of a loaded checkpoint.
+    pub fn checkpoint(w: &'a Weights, dtype: DType, device: &'a Device) -> Self {
+        TensorSource {
+            origin: Origin::Checkpoint(w),
+            dtype,
+            device,
+        }
     }
 
-    /// Random weights of `cfg`'s shapes, drawn on `device` (no host copy): projections
-    /// N(0, 1/in) so activations keep unit scale through the layers (bf16 neither overflows
-    /// nor flushes), norms all ones. Only the shapes matter to a benchmark: a step does the
-    /// same work whatever the values.
-    pub fn random(cfg: &LlamaConfig, dtype: DType, device: &Device) -> Result<Self> {
-        let (h, inter) = (cfg.hidden_size, cfg.intermediate_size);
-        let kvd = cfg.kv_heads() * cfg.head_dim();
-        // candle draws normals only in f32 on CUDA; each matrix is narrowed as it is made,
-        // so the f32 copy of one matrix at a time is the only transient.
-        let mat = |out: usize, inp: usize| -> Result<Tensor> {
-            let std = 1.0 / (inp as f32).sqrt();
-            Ok(Tensor::randn(0f32, std, (out, inp), device)?.to_dtype(dtype)?)
-        };
-        let ones = || -> Result<Tensor> { Ok(Tensor::ones(h, DType::F32, device)?) };
-        let embed = mat(cfg.vocab_size, h)?;
-        let lm_head = if cfg.tie_word_embeddings {
-            embed.clone()
-        } else {
-            mat(cfg.vocab_size, h)?
-        };
-        let layers = (0..cfg.num_hidden_layers)
-            .map(|_| {
-                Ok(DeviceLayer {
-                    attn_norm: ones()?,
-                    wqkv: mat(h + 2 * kvd, h)?,
-                    wo: mat(h, h)?,
-                    ffn_norm: ones()?,
-                    w_gate_up: mat(2 * inter, h)?,
-                    w_down: mat(h, inter)?,
-                })
-            })
-            .collect::<Result<Vec<_>>>()?;
-        Ok(DeviceModel {
-            embed,
-            layers,
-            norm: ones()?,
-            lm_head,
-        })
+    /// Random tensors: projections N(0, 1/in), so activations keep unit scale through the
+    /// layers (bf16 neither overflows nor flushes); norms all ones. Only the shapes matter
+    /// to a benchmark: a step does the same work whatever the values.
+    pub fn random(dtype: DType, device: &'a Device) -> Self {
+        TensorSource {
+            origin: Origin::Random,
+            dtype,
+            device,
+        }
     }
 
-    /// Bytes of every weight (the numerator of the batch-1 roofline is about this).
-    pub fn weight_bytes(&self) -> usize {
-        let bytes = |t: &Tensor| t.elem_count() * t.dtype().size_in_bytes();
-        let layers: usize = self
-            .layers
-            .iter()
-            .map(|l| bytes(&l.wqkv) + bytes(&l.wo) + bytes(&l.w_gate_up) + bytes(&l.w_down))
-            .sum();
-        layers + bytes(&self.lm_head)
+    /// The runner's dtype.
+    pub fn dtype(&self) -> DType {
+        self.dtype
+    }
+
+    /// The row-wise fusion of `parts` (name, rows), each `[rows, cols]`.
+    pub fn matrix(&self, parts: &[(String, usize)], cols: usize) -> Result<Tensor> {
+        match self.origin {
+            Origin::Checkpoint(w) => {
+                let t = parts
+                    .iter()
+                    .map(|(name, rows)| w.get(name, &[*rows, cols]))
+                    .collect::<Result<Vec<_>>>()?;
+                let t = if t.len() == 1 {
+                    t[0].clone()
+                } else {
+                    Tensor::cat(&t, 0)?
+                };
+                Ok(t.to_dtype(self.dtype)?.to_device(self.device)?)
+            }
+            Origin::Random => {
+                let rows = parts.iter().map(|p| p.1).sum::<usize>();
+                // candle draws normals only in f32 on CUDA; each matrix is narrowed as it is
+                // made, so the f32 copy of one matrix at a time is the only transient.
+                let std = 1.0 / (cols as f32).sqrt();
+                Ok(Tensor::randn(0f32, std, (rows, cols), self.device)?.to_dtype(self.dtype)?)
+            }
+        }
+    }
+
+    /// A norm scale `[len]` in f32.
+    pub fn norm(&self, name: &str, len: usize) -> Result<Tensor> {
+        match self.origin {
+            Origin::Checkpoint(w) => Ok(w
+                .get(name, &[len])?
+                .to_dtype(DType::F32)?
+                .to_device(self.device)?),
+            Origin::Random => Ok(Tensor::ones(len, DType::F32, self.device)?),
+        }
+    }
+
+    /// Whether the LM head is its own matrix (else the embedding is shared): the config's
+    /// tie flag, and for a checkpoint, whether it has `lm_head.weight`.
+    pub fn has_own_lm_head(&self, cfg: &ModelConfig) -> bool {
+        !cfg.tie_word_embeddings
+            && match self.origin {
+                Origin::Checkpoint(w) => w.contains("lm_head.weight"),
+                Origin::Random => true,
+            }
     }
 }
 
-fn load_layer(
-    w: &Weights,
-    cfg: &LlamaConfig,
-    i: usize,
-    mat: &dyn Fn(Tensor) -> Result<Tensor>,
-    vec: &dyn Fn(Tensor) -> Result<Tensor>,
-) -> Result<DeviceLayer> {
-    let (h, inter) = (cfg.hidden_size, cfg.intermediate_size);
-    let kvd = cfg.kv_heads() * cfg.head_dim();
-    let p = format!("model.layers.{i}");
-    let get = |s: &str, shape: &[usize]| w.get(&format!("{p}.{s}"), shape);
-    let wqkv = Tensor::cat(
-        &[
-            get("self_attn.q_proj.weight", &[h, h])?,
-            get("self_attn.k_proj.weight", &[kvd, h])?,
-            get("self_attn.v_proj.weight", &[kvd, h])?,
-        ],
-        0,
-    )?;
-    let w_gate_up = Tensor::cat(
-        &[
-            get("mlp.gate_proj.weight", &[inter, h])?,
-            get("mlp.up_proj.weight", &[inter, h])?,
-        ],
-        0,
-    )?;
-    Ok(DeviceLayer {
-        attn_norm: vec(get("input_layernorm.weight", &[h])?)?,
-        wqkv: mat(wqkv)?,
-        wo: mat(get("self_attn.o_proj.weight", &[h, h])?)?,
-        ffn_norm: vec(get("post_attention_layernorm.weight", &[h])?)?,
-        w_gate_up: mat(w_gate_up)?,
-        w_down: mat(get("mlp.down_proj.weight", &[h, inter])?)?,
-    })
+/// Bytes of a tensor.
+pub fn bytes(t: &Tensor) -> usize {
+    t.elem_count() * t.dtype().size_in_bytes()
 }

@@ -4,11 +4,14 @@
 //! It recomputes the whole sequence each call (no KV cache) and exists to be obviously
 //! correct: it is the "dense" side of the paged == dense test and a second check against the
 //! golden logits. The serving hot path is [`crate`], which packs the same weights.
+//! It shares no code with the serving runners' layer structs (`packed/`, `candle/layers.rs`:
+//! fused projections, paged KV, their own RoPE tables), so paged == dense compares two
+//! independent implementations; keep it that way.
 //! RoPE is the Hugging Face half-split form (`rotate_half`) with the config's theta.
 
 use candle_core::{D, DType, Device, Tensor};
 
-use super::config::LlamaConfig;
+use super::config::ModelConfig;
 use super::weights::Weights;
 use crate::error::Result;
 
@@ -25,7 +28,7 @@ pub struct RmsNorm {
 
 impl RmsNorm {
     /// Loads `{prefix}.weight`.
-    pub fn load(w: &Weights, prefix: &str, cfg: &LlamaConfig) -> Result<Self> {
+    pub fn load(w: &Weights, prefix: &str, cfg: &ModelConfig) -> Result<Self> {
         Ok(Self {
             weight: w.get(&format!("{prefix}.weight"), &[cfg.hidden_size])?,
             eps: cfg.rms_norm_eps,
@@ -54,7 +57,7 @@ pub struct Attention {
 
 impl Attention {
     /// Loads `{prefix}.{q,k,v,o}_proj.weight`.
-    pub fn load(w: &Weights, prefix: &str, cfg: &LlamaConfig) -> Result<Self> {
+    pub fn load(w: &Weights, prefix: &str, cfg: &ModelConfig) -> Result<Self> {
         let h = cfg.hidden_size;
         let kvd = cfg.kv_heads() * cfg.head_dim();
         Ok(Self {
@@ -111,7 +114,7 @@ pub struct Mlp {
 
 impl Mlp {
     /// Loads `{prefix}.{gate,up,down}_proj.weight`.
-    pub fn load(w: &Weights, prefix: &str, cfg: &LlamaConfig) -> Result<Self> {
+    pub fn load(w: &Weights, prefix: &str, cfg: &ModelConfig) -> Result<Self> {
         let (h, i) = (cfg.hidden_size, cfg.intermediate_size);
         Ok(Self {
             gate_proj: w.get(&format!("{prefix}.gate_proj.weight"), &[i, h])?,
@@ -142,7 +145,7 @@ pub struct DecoderLayer {
 
 impl DecoderLayer {
     /// Loads `model.layers.{i}.*`.
-    pub fn load(w: &Weights, i: usize, cfg: &LlamaConfig) -> Result<Self> {
+    pub fn load(w: &Weights, i: usize, cfg: &ModelConfig) -> Result<Self> {
         let p = format!("model.layers.{i}");
         Ok(Self {
             input_layernorm: RmsNorm::load(w, &format!("{p}.input_layernorm"), cfg)?,
@@ -178,7 +181,7 @@ pub struct Rope {
 
 impl Rope {
     /// Tables `[T, head_dim]` (each frequency repeated for both halves).
-    pub fn new(cfg: &LlamaConfig, t: usize) -> Result<Self> {
+    pub fn new(cfg: &ModelConfig, t: usize) -> Result<Self> {
         let hd = cfg.head_dim();
         let half = hd / 2;
         let mut cos = Vec::with_capacity(t * hd);
@@ -216,12 +219,12 @@ pub struct Llama {
     layers: Vec<DecoderLayer>,
     norm: RmsNorm,
     lm_head: Tensor,
-    cfg: LlamaConfig,
+    cfg: ModelConfig,
 }
 
 impl Llama {
     /// Loads every layer; the LM head falls back to the embedding when tied or absent.
-    pub fn load(w: &Weights, cfg: &LlamaConfig) -> Result<Self> {
+    pub fn load(w: &Weights, cfg: &ModelConfig) -> Result<Self> {
         let shape = [cfg.vocab_size, cfg.hidden_size];
         let embed_tokens = w.get("model.embed_tokens.weight", &shape)?;
         let lm_head = if !cfg.tie_word_embeddings && w.contains("lm_head.weight") {

@@ -1,0 +1,82 @@
+//! The packed runner's SwiGLU feed-forward: `down(silu(gate(x)) · up(x))`, gate and up
+//! fused into one projection so one kernel call serves both.
+//!
+//! Invariant: the fused projection's row is `[gate | up]`, each `intermediate` wide.
+
+use rayon::prelude::*;
+
+use super::ends::ROWS_PER_TASK;
+use super::plan::{Packer, Spec};
+use crate::error::Result;
+use crate::kernels::ops::silu_mul;
+use crate::model::ModelConfig;
+use crate::weight_format::Projection;
+
+/// The buffers one step's feed-forward reuses across layers.
+#[derive(Debug)]
+pub struct MlpScratch {
+    /// `[T, 2·intermediate]`: gate then up.
+    gu: Vec<f32>,
+    /// `[T, intermediate]`: `silu(gate) · up`.
+    act: Vec<f32>,
+}
+
+impl MlpScratch {
+    /// Buffers for `t` rows of `cfg`'s shapes.
+    pub fn new(t: usize, cfg: &ModelConfig) -> Self {
+        let inter = cfg.intermediate_size;
+        MlpScratch {
+            gu: vec![0f32; t * 2 * inter],
+            act: vec![0f32; t * inter],
+        }
+    }
+}
+
+/// SwiGLU feed-forward.
+#[derive(Debug)]
+pub struct Mlp {
+    /// `[2·intermediate, hidden]`: gate rows then up rows.
+    w_gate_up: Projection,
+    /// `[hidden, intermediate]`.
+    w_down: Projection,
+    inter: usize,
+}
+
+impl Mlp {
+    /// The projections of layer `i`: fused `[gate; up]`, then `down`.
+    pub fn specs(i: usize, cfg: &ModelConfig) -> [Spec; 2] {
+        let (h, inter) = (cfg.hidden_size, cfg.intermediate_size);
+        let n = |s: &str| format!("model.layers.{i}.mlp.{s}_proj.weight");
+        [
+            Spec::new(&[(n("gate"), inter), (n("up"), inter)], h),
+            Spec::new(&[(n("down"), h)], inter),
+        ]
+    }
+
+    /// Packs layer `i`'s feed-forward.
+    pub fn load(p: &Packer<'_>, i: usize, cfg: &ModelConfig) -> Result<Self> {
+        let [gate_up, down] = Self::specs(i, cfg);
+        Ok(Mlp {
+            w_gate_up: p.projection(&gate_up)?,
+            w_down: p.projection(&down)?,
+            inter: cfg.intermediate_size,
+        })
+    }
+
+    /// `out[T, hidden]` = the feed-forward of the normed rows `hn[T, hidden]`.
+    pub fn forward(&self, hn: &[f32], t: usize, s: &mut MlpScratch, out: &mut [f32]) {
+        let inter = self.inter;
+        self.w_gate_up.matmul(hn, t, &mut s.gu);
+        s.act
+            .par_chunks_mut(inter)
+            .zip(s.gu.par_chunks(2 * inter))
+            .with_min_len(ROWS_PER_TASK)
+            .for_each(|(a, row)| silu_mul(&row[..inter], &row[inter..], a));
+        self.w_down.matmul(&s.act, t, out);
+    }
+
+    /// Bytes of the packed projections.
+    pub fn bytes(&self) -> usize {
+        self.w_gate_up.bytes() + self.w_down.bytes()
+    }
+}
