@@ -140,8 +140,9 @@ impl PackedModel {
         let mut normed = vec![0f32; wanted.len() * h];
         self.norm.forward_rows(x, &wanted, &mut normed);
         let logits = self.lm_head.forward(&normed, wanted.len());
-        let vocab = logits.len() / wanted.len().max(1);
-        let mut per_row = logits.chunks_exact(vocab.max(1)).map(<[f32]>::to_vec);
+        let mut per_row = logits
+            .chunks_exact(self.lm_head.vocab())
+            .map(<[f32]>::to_vec);
         batch
             .iter()
             .map(|c| if c.want_logits { per_row.next() } else { None })

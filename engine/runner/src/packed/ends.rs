@@ -121,6 +121,11 @@ impl LmHead {
         logits
     }
 
+    /// Logits per row (the vocabulary size, at least 1).
+    pub fn vocab(&self) -> usize {
+        self.vocab.max(1)
+    }
+
     /// Bytes of the packed matrix.
     pub fn bytes(&self) -> usize {
         self.proj.bytes()
