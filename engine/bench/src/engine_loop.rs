@@ -23,7 +23,7 @@ use crate::{session as bench_session, soak};
 use tidegate_kv::kv_sizing::check_device_fit;
 use tidegate_runner::candle::{CandleRunner, device_weight_bytes};
 use tidegate_runner::kernels::peak::fma_peak_flops;
-use tidegate_runner::model::{LlamaConfig, ModelFiles};
+use tidegate_runner::model::{ModelConfig, ModelFiles};
 use tidegate_runner::select::{candle_dtype, device_memory};
 use tidegate_runner::{DeviceChoice, Placement, RunnerChoice, WeightChoice};
 use tidegate_server::backend::Engine;
@@ -94,7 +94,7 @@ pub struct BenchArgs {
 /// What the bench runs: the model, its config (shapes, vocabulary) and what to call it.
 struct BenchModel {
     model: LoopModel,
-    config: LlamaConfig,
+    config: ModelConfig,
     name: String,
 }
 
@@ -134,7 +134,7 @@ impl BenchArgs {
         };
         let text = std::fs::read_to_string(path)
             .with_context(|| format!("reading --random-config {}", path.display()))?;
-        let config = LlamaConfig::from_json(&text)
+        let config = ModelConfig::from_json(&text)
             .with_context(|| format!("--random-config {}", path.display()))?;
         Ok(BenchModel {
             model: LoopModel::candle_random(config.clone(), placement.device)?,
@@ -146,7 +146,7 @@ impl BenchArgs {
 
 /// On a GPU, weights and the pool must fit in its free memory: refused here with the bytes,
 /// not as a failed allocation on the engine's thread.
-fn check_fits(config: &LlamaConfig, placement: Placement, args: &BenchArgs) -> anyhow::Result<()> {
+fn check_fits(config: &ModelConfig, placement: Placement, args: &BenchArgs) -> anyhow::Result<()> {
     if placement.runner != RunnerChoice::Candle {
         return Ok(());
     }

@@ -9,9 +9,6 @@ use serde::{Deserialize, Serialize};
 use super::architecture::{Architecture, hf_list};
 use crate::error::{Error, Result};
 
-/// The older name of [`ModelConfig`], from when Llama was the only architecture.
-pub type LlamaConfig = ModelConfig;
-
 /// Hyper-parameters of a decoder (Hugging Face `config.json` field names).
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct ModelConfig {

@@ -18,7 +18,7 @@ use std::path::{Path, PathBuf};
 use candle_core::quantized::gguf_file;
 
 pub use architecture::Architecture;
-pub use config::{LlamaConfig, ModelConfig};
+pub use config::ModelConfig;
 pub use llama::Llama;
 pub use tokenizer::{ChatMessage, TextStream, Tokenizer, chat_prompt};
 pub use weights::Weights;

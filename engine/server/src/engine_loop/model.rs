@@ -9,7 +9,7 @@
 use tidegate_runner::candle::{CandleRunner, weight_count_for};
 use tidegate_runner::echo::{EchoConfig, EchoRunner, echo_tokenizer};
 use tidegate_runner::error::{Error, Result};
-use tidegate_runner::model::{LlamaConfig, ModelFiles, Tokenizer};
+use tidegate_runner::model::{ModelConfig, ModelFiles, Tokenizer};
 use tidegate_runner::select::candle_dtype;
 use tidegate_runner::{
     DeviceChoice, ModelRunner, PackedRunner, Placement, RunnerChoice, RunnerConfig, WeightChoice,
@@ -101,7 +101,7 @@ impl LoopModel {
     /// (`bench --random-config`). There is no tokenizer: the byte-level one of the echo
     /// runner stands in so the loop can stream text, which a bench that sends token ids and
     /// ignores EOS never reads.
-    pub fn candle_random(config: LlamaConfig, device: DeviceChoice) -> Result<Self> {
+    pub fn candle_random(config: ModelConfig, device: DeviceChoice) -> Result<Self> {
         config.validate()?;
         let dtype = candle_dtype(device);
         let count = weight_count_for(&config);
