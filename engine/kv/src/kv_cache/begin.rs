@@ -375,7 +375,16 @@ impl KvCacheManager {
             }
         };
         let bb = self.block_bytes;
-        let image = bytes.get(plan.hits * bb..plan.restore_to * bb)?.to_vec();
+        let want = plan.hits * bb..plan.restore_to * bb;
+        // The entry's bytes are ours now: pass them on without a copy when they start at the
+        // first block to restore (the usual case: no shared-prefix hits).
+        let image = if want.start == 0 && want.end <= bytes.len() {
+            let mut bytes = bytes;
+            bytes.truncate(want.end);
+            bytes
+        } else {
+            bytes.get(want)?.to_vec()
+        };
         let first = blocks.len();
         for _ in plan.hits..plan.restore_to {
             blocks.push(self.pool.allocate()?);

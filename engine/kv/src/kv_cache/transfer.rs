@@ -206,6 +206,11 @@ fn offload_batch(
     let mut image = Vec::with_capacity(all.len() * bb);
     let clean = !all.iter().any(|b| poisoned.contains(b));
     if clean && read_exact(io, &all, &mut image, bb).is_ok() {
+        if let [(ticket, _)] = offloads[..] {
+            // One offload: its image is the whole read, no copy.
+            answers.push(TransferAnswer::Offloaded { ticket, image });
+            return;
+        }
         let mut at = 0;
         for (ticket, blocks) in offloads {
             let len = blocks.len() * bb;
@@ -255,17 +260,25 @@ fn restore_batch(
 ) {
     let bb = io.block_bytes();
     let sized = |blocks: &[BlockId], image: &[u8]| image.len() == blocks.len() * bb;
-    let mut all = Vec::new();
-    let mut data = Vec::new();
-    let mut whole = true;
-    for m in batch {
-        if let BlockMove::Restore { blocks, image, .. } = m {
-            whole &= sized(blocks, image);
-            all.extend_from_slice(blocks);
-            data.extend_from_slice(image);
+    let batched = match batch {
+        // One restore: its own image is the batch, no copy.
+        [BlockMove::Restore { blocks, image, .. }] => {
+            sized(blocks, image) && io.write_blocks(blocks, image).is_ok()
         }
-    }
-    let batched = whole && io.write_blocks(&all, &data).is_ok();
+        _ => {
+            let mut all = Vec::new();
+            let mut data = Vec::new();
+            let mut whole = true;
+            for m in batch {
+                if let BlockMove::Restore { blocks, image, .. } = m {
+                    whole &= sized(blocks, image);
+                    all.extend_from_slice(blocks);
+                    data.extend_from_slice(image);
+                }
+            }
+            whole && io.write_blocks(&all, &data).is_ok()
+        }
+    };
     for m in batch {
         let BlockMove::Restore {
             seq,
