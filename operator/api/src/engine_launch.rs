@@ -18,6 +18,8 @@
 //!   own way (a Secret reference in Kubernetes, a literal in local mode).
 
 use crate::inference_pool::InferencePoolSpec;
+use crate::launch_args::{Args, token_env};
+pub use crate::launch_args::{EnvValue, whole_seconds};
 
 /// Port of the OpenAI-compatible API, `/metrics` and the health endpoints.
 pub const HTTP_PORT: u16 = 8000;
@@ -59,7 +61,7 @@ pub mod flag {
 /// the runtimes set).
 pub mod env {
     /// The admin bearer token.
-    pub const ADMIN_TOKEN: &str = "TIDEGATE_ADMIN_TOKEN";
+    pub use crate::launch_args::env::ADMIN_TOKEN;
 }
 
 /// Where one engine runs: what differs between a pod and a local process.
@@ -75,14 +77,6 @@ pub struct LaunchSite {
     pub kv_disk_dir: Option<String>,
     /// `json` in a cluster (log collectors), `text` on a terminal.
     pub log_format: &'static str,
-}
-
-/// The value of one environment variable.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub enum EnvValue {
-    Literal(String),
-    /// The pool's admin token: a Secret reference in a cluster, the token itself locally.
-    AdminToken,
 }
 
 /// GPUs one engine process serves on: `--device cuda` is device 0 (no tensor parallelism
@@ -113,11 +107,6 @@ pub enum LaunchError {
     BadQuantity { field: &'static str, value: String },
 }
 
-/// Seconds as the engine's duration flags take them, rounded up.
-pub fn whole_seconds(d: &crate::Duration) -> String {
-    format!("{}s", d.as_std().as_secs_f64().ceil() as u64)
-}
-
 /// A byte quantity as the engine takes it: the spec's own text (`32Gi`), `0` when absent.
 /// Checked here too, so a value the engine would refuse is an operator error, not a crash loop.
 fn quantity_arg(field: &'static str, q: Option<&crate::Quantity>) -> Result<String, LaunchError> {
@@ -139,15 +128,6 @@ pub fn model_format_arg(format: crate::ModelFormat) -> &'static str {
         crate::ModelFormat::Auto => "auto",
         crate::ModelFormat::Safetensors => "safetensors",
         crate::ModelFormat::Gguf => "gguf",
-    }
-}
-
-pub(crate) struct Args(pub(crate) Vec<String>);
-
-impl Args {
-    pub(crate) fn flag(&mut self, name: &str, value: impl ToString) {
-        self.0.push(format!("--{name}"));
-        self.0.push(value.to_string());
     }
 }
 
@@ -208,10 +188,7 @@ pub fn engine_launch(
     Ok(EngineLaunch {
         args: a.0,
         // The router proves itself with the pool's admin token: one Secret, one trust domain.
-        env: vec![
-            (env::ADMIN_TOKEN, EnvValue::AdminToken),
-            (crate::router::env::ROUTER_TOKEN, EnvValue::AdminToken),
-        ],
+        env: token_env(),
     })
 }
 

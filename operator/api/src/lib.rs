@@ -12,6 +12,7 @@ pub mod engine_launch;
 pub mod engine_metrics;
 pub mod exposition;
 pub mod inference_pool;
+mod launch_args;
 pub mod quantity;
 pub mod router;
 #[cfg(feature = "kube")]

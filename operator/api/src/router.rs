@@ -16,9 +16,9 @@
 
 use serde::{Deserialize, Serialize};
 
-use crate::engine_launch::{Args, EnvValue, whole_seconds};
 use crate::engine_metrics::{Kind, Label, Metric};
 use crate::inference_pool::InferencePoolSpec;
+use crate::launch_args::{Args, EnvValue, token_env, whole_seconds};
 
 /// The router's subcommand of the engine binary.
 pub const ROUTE: &str = "route";
@@ -48,7 +48,7 @@ pub mod flag {
 /// Environment variables of the router and of the engines behind it.
 pub mod env {
     /// The shared secret engines require before believing the router's identity headers.
-    pub const ROUTER_TOKEN: &str = "TIDEGATE_ROUTER_TOKEN";
+    pub use crate::launch_args::env::ROUTER_TOKEN;
 }
 
 /// Headers between router and engine (and the one a client sees).
@@ -257,10 +257,7 @@ pub fn router_args(spec: &InferencePoolSpec, site: &RouterSite) -> Vec<String> {
 /// The router's environment: the admin token (its admin API) and the router token (what it
 /// proves itself to the engines with), both the pool's admin token, as in the engines'.
 pub fn router_env() -> Vec<(&'static str, EnvValue)> {
-    vec![
-        (crate::engine_launch::env::ADMIN_TOKEN, EnvValue::AdminToken),
-        (env::ROUTER_TOKEN, EnvValue::AdminToken),
-    ]
+    token_env()
 }
 
 #[cfg(test)]

@@ -22,8 +22,7 @@ use super::stats::KvStats;
 use super::tier::{TierId, Tiers};
 use super::transfer::{Ticket, TransferPlan};
 
-/// Identifies a request (sequence) for the whole of its life.
-pub type SeqId = u64;
+pub use super::ids::SeqId;
 
 /// Sizing of the KV cache.
 #[derive(Clone, Debug, PartialEq)]
@@ -84,7 +83,7 @@ pub(super) enum IdleKv {
         blocks: Vec<BlockId>,
         hashes: Vec<u64>,
     },
-    Stored(super::offload_store::EntryId),
+    Stored(super::ids::EntryId),
     /// Its blocks are released and their offload is in this step's transfer plan; the bytes
     /// reach the store when the move is answered (a return before that recomputes).
     Offloading(super::transfer::Ticket),

@@ -20,6 +20,7 @@ pub mod begin;
 pub mod block_pool;
 pub mod cost;
 pub mod eviction;
+mod ids;
 pub mod immediate;
 pub mod manager;
 pub mod mem_io;

@@ -37,8 +37,7 @@ pub struct SpillReadError {
     pub fault: SpillFault,
 }
 
-/// Identifies one stored entry.
-pub type EntryId = u64;
+pub use super::ids::EntryId;
 
 /// Where an entry's bytes are.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

@@ -9,7 +9,7 @@ use std::path::PathBuf;
 use std::sync::mpsc::{Receiver, Sender, channel};
 use std::thread::JoinHandle;
 
-use super::offload_store::EntryId;
+use super::ids::EntryId;
 use super::spill_file::write_spill;
 
 /// One spill file to write.

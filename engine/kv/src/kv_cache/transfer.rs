@@ -23,7 +23,7 @@ use std::collections::HashSet;
 use std::mem::discriminant;
 
 use super::block_pool::BlockId;
-use super::manager::SeqId;
+use super::ids::SeqId;
 use super::offload_store::Place;
 use crate::block_io::{BlockIo, BlockIoCause, BlockIoError, BlockOp, first};
 
