@@ -19,6 +19,7 @@ use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use serde_json::{Value, json};
+use tidegate_kv::kv_cache::spill_file::PARTIAL_SUFFIX;
 use tidegate_runner::model::ModelFiles;
 use tidegate_runner::{DeviceChoice, Placement, RunnerChoice};
 use tidegate_server::api::{self as server, RunningServer, ServerConfig};
@@ -96,12 +97,28 @@ impl Harness {
     fn spill_files(&self) -> Vec<PathBuf> {
         spill_files(self.spill.path())
     }
+
+    /// The spill files once there are `n` (the writer thread writes them after the offload
+    /// is counted; a file appears under its name only when whole), or what is there after 5 s.
+    async fn wait_spill_files(&self, n: usize) -> Vec<PathBuf> {
+        let mut files = self.spill_files();
+        for _ in 0..250 {
+            if files.len() >= n {
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(20)).await;
+            files = self.spill_files();
+        }
+        files
+    }
 }
 
 fn spill_files(dir: &Path) -> Vec<PathBuf> {
+    // A file still being written (under its partial name) is not a spill file yet.
     let mut files: Vec<PathBuf> = std::fs::read_dir(dir)
         .unwrap()
         .map(|e| e.unwrap().path())
+        .filter(|p| !p.to_string_lossy().ends_with(PARTIAL_SUFFIX))
         .collect();
     files.sort();
     files
@@ -172,7 +189,7 @@ async fn serve_offload_return_on(how: Damage, placement: Placement) -> (Value, V
     h.complete(session_request("b", &prompt_b)).await;
     let m = h.wait_metric(OFFLOADS, 1.0).await;
     assert_eq!(metric(&m, OFFLOADS), 1.0, "A was offloaded for B:\n{m}");
-    let files = h.spill_files();
+    let files = h.wait_spill_files(1).await;
     assert_eq!(files.len(), 1, "A's KV is one spill file: {files:?}");
     damage(&files[0], how);
     let before = h.metrics().await;

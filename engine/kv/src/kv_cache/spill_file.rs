@@ -93,13 +93,29 @@ fn u64_at(h: &[u8; HEADER_BYTES], at: usize) -> u64 {
     u64::from_le_bytes(a)
 }
 
-/// Writes `data` to a new file at `path` (replacing any file there). No fsync: spilled KV is
-/// a cache that dies with the process.
+/// Suffix of a spill file while it is being written (beside its final name).
+pub const PARTIAL_SUFFIX: &str = ".part";
+
+/// Writes `data` to a new file at `path` (replacing any file there): first under the same
+/// name plus [`PARTIAL_SUFFIX`], then renamed, so a file at `path` is always whole (whoever
+/// lists the directory while the writer thread works sees no half-written file; a failed
+/// write leaves nothing at `path`). No fsync: spilled KV is a cache that dies with the process.
 pub fn write_spill(path: &Path, data: &[u8]) -> std::io::Result<()> {
-    let mut f = File::create(path)?;
-    f.write_all(&header(data))?;
-    f.write_all(data)?;
-    f.flush()
+    let mut partial = path.as_os_str().to_owned();
+    partial.push(PARTIAL_SUFFIX);
+    let partial = std::path::PathBuf::from(partial);
+    let written = File::create(&partial).and_then(|mut f| {
+        f.write_all(&header(data))?;
+        f.write_all(data)?;
+        f.flush()
+    });
+    match written.and_then(|()| std::fs::rename(&partial, path)) {
+        Ok(()) => Ok(()),
+        Err(e) => {
+            let _ = std::fs::remove_file(&partial);
+            Err(e)
+        }
+    }
 }
 
 /// Reads back the payload of the file at `path`, which must hold exactly `want` bytes that
