@@ -12,7 +12,7 @@ use serde::Deserialize;
 use tidegate_kv::block_io::BlockIo;
 use tidegate_runner::candle::CandleRunner;
 use tidegate_runner::generate::generate_greedy;
-use tidegate_runner::model::{ChatMessage, Llama, ModelFiles, chat_prompt};
+use tidegate_runner::model::{ChatMessage, DenseDecoder, ModelFiles, chat_prompt};
 use tidegate_runner::sampling::argmax;
 use tidegate_runner::{DeviceChoice, ModelRunner, RunnerConfig, SeqChunk};
 
@@ -135,7 +135,7 @@ fn bf16_weights_stay_within_the_stated_tolerance_of_golden_logits() {
 #[test]
 fn paged_attention_equals_dense_attention() {
     let files = common::random_model();
-    let dense = Llama::load(&files.weights, &files.config).unwrap();
+    let dense = DenseDecoder::load(&files.weights, &files.config).unwrap();
     let tokens: Vec<u32> = (0..23).map(|i| (i * 37 + 11) % 480).collect();
     let want = dense.forward(&tokens).unwrap().to_vec2::<f32>().unwrap();
     for block_size in [1, 3, 16] {

@@ -1,4 +1,5 @@
-//! Byte-level BPE tokenizer (GPT-2 / SmolLM2 style) and the ChatML chat template.
+//! Byte-level BPE tokenizer (GPT-2 / SmolLM2 style), its end ids, and the ChatML chat
+//! template.
 //!
 //! Invariants: `decode(encode(text)) == text` for any UTF-8 text (no prefix space is ever
 //! added: "Hello" encodes as "Hello", not "ĠHello"); special tokens written literally in the
@@ -45,6 +46,15 @@ impl Tokenizer {
             .filter_map(|t| inner.token_to_id(t))
             .collect();
         Ok(Self { inner, eos_ids })
+    }
+
+    /// Adds ids that end a generation (the model config's `eos_token_id`), once each.
+    pub fn add_eos_ids(&mut self, ids: &[u32]) {
+        for &id in ids {
+            if !self.eos_ids.contains(&id) && (id as usize) < self.vocab_size() {
+                self.eos_ids.push(id);
+            }
+        }
     }
 
     /// Builds the tokenizer from GGUF `tokenizer.ggml.*` metadata (byte-level BPE only).
