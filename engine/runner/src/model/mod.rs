@@ -6,6 +6,7 @@
 
 pub mod arch_params;
 pub mod architecture;
+pub mod chat_template;
 pub mod config;
 pub mod dense;
 pub mod family;
@@ -23,6 +24,7 @@ use std::path::{Path, PathBuf};
 use candle_core::quantized::gguf_file;
 
 pub use architecture::Architecture;
+pub use chat_template::ChatFormat;
 pub use config::ModelConfig;
 pub use dense::DenseDecoder;
 pub use spec::ModelSpec;
@@ -90,8 +92,10 @@ impl ModelFiles {
         let text = std::fs::read_to_string(&cfg_path).map_err(|e| Error::io(&cfg_path, e))?;
         let config = ModelConfig::from_json(&text)?;
         let weights = Weights::from_safetensors_dir(dir)?;
+        let chat = chat_template::from_hf_dir(dir)?;
         let mut tokenizer = Tokenizer::from_file(&dir.join("tokenizer.json"))?;
         tokenizer.add_eos_ids(&config.eos_token_id);
+        let tokenizer = tokenizer.with_chat_format(chat_format(chat));
         Ok(Self {
             config,
             weights,
@@ -108,12 +112,31 @@ impl ModelFiles {
         let mut tokenizer = Tokenizer::from_gguf(&content)?;
         let config = config_from_gguf(&content, &mut reader, architecture, tokenizer.vocab_size())?;
         tokenizer.add_eos_ids(&config.eos_token_id);
+        let chat = chat_template::from_gguf(&content, &tokenizer)?;
+        let tokenizer = tokenizer.with_chat_format(chat_format(chat));
         let weights = Weights::from_gguf(&content, &mut reader, &config)?;
         Ok(Self {
             config,
             weights,
             tokenizer,
         })
+    }
+}
+
+/// The model's own template, or the built-in format (said at start: a model whose template
+/// differs would otherwise answer badly without any error).
+fn chat_format(template: Option<chat_template::ChatTemplate>) -> ChatFormat {
+    match template {
+        Some(t) => {
+            tracing::info!("chat prompts rendered with the model's chat template");
+            ChatFormat::Template(t)
+        }
+        None => {
+            tracing::warn!(
+                "the model has no chat template; chat prompts use the built-in ChatML format"
+            );
+            ChatFormat::BuiltIn
+        }
     }
 }
 
