@@ -27,7 +27,9 @@ use std::path::PathBuf;
 use serde::Deserialize;
 use tidegate_runner::candle::CandleRunner;
 use tidegate_runner::model::{ChatMessage, DenseDecoder, ModelFiles};
-use tidegate_runner::{DeviceChoice, ModelRunner, PackedRunner, RunnerConfig, SeqChunk};
+use tidegate_runner::{
+    DeviceChoice, ModelRunner, PackedModel, PackedRunner, RunnerConfig, SeqChunk, WeightChoice,
+};
 
 /// Runners and the dense reference against transformers (f32 math on the same bf16 weights):
 /// about 9x the worst measured difference.
@@ -199,6 +201,17 @@ fn check_runner(kind: Runner) {
 #[test]
 fn packed_runner_matches_transformers_on_every_architecture() {
     check_runner(Runner::Packed);
+}
+
+/// The bytes per token the plan reports before packing (for `/v1/models` and the roofline)
+/// are what the packed layers hold, biases and extra norms included.
+#[test]
+fn the_plan_predicts_the_packed_bytes_of_every_architecture() {
+    for name in MODELS {
+        let files = ModelFiles::load_hf_dir(&dir(name)).unwrap();
+        let m = PackedModel::pack(&files.weights, &files.config, WeightChoice::AsFile).unwrap();
+        assert_eq!(m.plan().bytes_per_token(), m.bytes_per_token(), "{name}");
+    }
 }
 
 #[test]
