@@ -56,6 +56,9 @@ enum Command {
         /// The user message.
         #[arg(long)]
         prompt: String,
+        /// A system message before it (else the model's template decides, e.g. its default).
+        #[arg(long)]
+        system: Option<String>,
         /// Tokens to generate at most.
         #[arg(long, default_value_t = 64)]
         max_tokens: usize,
@@ -84,9 +87,15 @@ fn main() -> anyhow::Result<()> {
         Command::Chat {
             model,
             prompt,
+            system,
             max_tokens,
         } => {
-            let answer = tidegate_runner::generate::chat_once(&model, &prompt, max_tokens)?;
+            let answer = tidegate_runner::generate::chat_once(
+                &model,
+                system.as_deref(),
+                &prompt,
+                max_tokens,
+            )?;
             println!("{answer}");
         }
     }

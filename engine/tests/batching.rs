@@ -7,7 +7,7 @@
 
 mod common;
 
-use tidegate_runner::model::Llama;
+use tidegate_runner::model::DenseDecoder;
 use tidegate_runner::sampling::argmax;
 use tidegate_runner::{PackedRunner, RunnerConfig, SeqChunk, WeightChoice};
 
@@ -113,7 +113,7 @@ fn batched_equals_sequential(weights: WeightChoice) {
 #[test]
 fn paged_attention_equals_dense_attention() {
     let files = common::random_model();
-    let dense = Llama::load(&files.weights, &files.config).unwrap();
+    let dense = DenseDecoder::load(&files.weights, &files.config).unwrap();
     let tokens: Vec<u32> = (0..23).map(|i| (i * 37 + 11) % 480).collect();
     let want = dense.forward(&tokens).unwrap().to_vec2::<f32>().unwrap();
     for block_size in [1, 3, 16] {

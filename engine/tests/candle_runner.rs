@@ -12,7 +12,7 @@ use serde::Deserialize;
 use tidegate_kv::block_io::BlockIo;
 use tidegate_runner::candle::CandleRunner;
 use tidegate_runner::generate::generate_greedy;
-use tidegate_runner::model::{ChatMessage, Llama, ModelFiles, chat_prompt};
+use tidegate_runner::model::{ChatMessage, DenseDecoder, ModelFiles};
 use tidegate_runner::sampling::argmax;
 use tidegate_runner::{DeviceChoice, ModelRunner, RunnerConfig, SeqChunk};
 
@@ -135,7 +135,7 @@ fn bf16_weights_stay_within_the_stated_tolerance_of_golden_logits() {
 #[test]
 fn paged_attention_equals_dense_attention() {
     let files = common::random_model();
-    let dense = Llama::load(&files.weights, &files.config).unwrap();
+    let dense = DenseDecoder::load(&files.weights, &files.config).unwrap();
     let tokens: Vec<u32> = (0..23).map(|i| (i * 37 + 11) % 480).collect();
     let want = dense.forward(&tokens).unwrap().to_vec2::<f32>().unwrap();
     for block_size in [1, 3, 16] {
@@ -297,13 +297,19 @@ fn smollm2_knows_the_capital_of_france_on_the_device_runner() {
         return;
     };
     let files = ModelFiles::load(&path).unwrap();
-    let prompt = chat_prompt(
-        &[ChatMessage {
-            role: "user".into(),
-            content: "What is the capital of France?".into(),
-        }],
-        true,
-    );
+    // The model's own template, after a system message (see tests/smollm2.rs).
+    let message = |role: &str, content: &str| ChatMessage {
+        role: role.into(),
+        content: content.into(),
+    };
+    let messages = [
+        message("system", "You are a helpful assistant."),
+        message("user", "What is the capital of France?"),
+    ];
+    let prompt = files
+        .tokenizer
+        .apply_chat_template(&messages, true)
+        .unwrap();
     let ids = files.tokenizer.encode(&prompt).unwrap();
     let mut r = runner(&files, 16, (ids.len() + 24).div_ceil(16));
     let out = generate_greedy(&mut r, &ids, 24, files.tokenizer.eos_ids()).unwrap();

@@ -7,7 +7,7 @@ mod common;
 
 use candle_core::Tensor;
 use serde::Deserialize;
-use tidegate_runner::model::Llama;
+use tidegate_runner::model::DenseDecoder;
 use tidegate_runner::{PackedRunner, RunnerConfig, SeqChunk};
 
 #[derive(Deserialize)]
@@ -34,7 +34,7 @@ fn dense_reference_matches_golden_logits() {
     let files = common::random_model();
     let g = golden();
     assert_eq!(files.config.vocab_size, g.vocab_size);
-    let model = Llama::load(&files.weights, &files.config).unwrap();
+    let model = DenseDecoder::load(&files.weights, &files.config).unwrap();
     for case in &g.cases {
         let logits: Tensor = model.forward(&case.tokens).unwrap();
         let rows = logits.to_vec2::<f32>().unwrap();

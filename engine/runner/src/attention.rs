@@ -1,5 +1,6 @@
 //! Paged causal attention for a flattened batch. Row `t` (a token of some sequence at
-//! position `pos`) attends to positions `0..=pos` of its own sequence, read through that
+//! position `pos`) attends to positions `0..=pos` of its own sequence (the last `window` of
+//! them on a sliding-window layer: `pos + 1 - window ..= pos`), read through that
 //! sequence's block table from the [`KvStore`]; the caller has already written this step's
 //! K/V rows, so tokens of a prefill chunk see each other causally. Grouped-query: query head
 //! `h` reads kv head `h / (heads / kv_heads)`. Work is split over (row, kv head) on rayon;
@@ -31,9 +32,13 @@ pub struct AttnShape {
     pub head_dim: usize,
     /// Row stride of `q` (the fused qkv row width).
     pub q_stride: usize,
+    /// Scores are `q·k · scale` (`1/√head_dim` unless the model says otherwise).
+    pub scale: f32,
+    /// Positions a query sees, itself included, on a sliding-window layer.
+    pub window: Option<usize>,
 }
 
-/// Writes `out[t, h*hd..]` = softmax(q·Kᵀ/√hd)·V for every row and head.
+/// Writes `out[t, h*hd..]` = softmax(q·Kᵀ·scale)·V for every row and head.
 pub fn paged_attention(
     q: &[f32],
     rows: &[RowPos<'_>],
@@ -95,6 +100,8 @@ fn paged_attention_on(
                 kv,
                 layer,
                 kv_head: kvh,
+                scale: s.scale,
+                window: s.window,
             };
             match path {
                 #[cfg(target_arch = "x86_64")]
@@ -137,6 +144,8 @@ struct GroupJob<'a> {
     kv: &'a KvStore,
     layer: usize,
     kv_head: usize,
+    scale: f32,
+    window: Option<usize>,
 }
 
 /// `out[s] = Σ_d q[d] · kt[d · bs + s]` for the `bs = out.len()` slots of a block.
@@ -169,13 +178,18 @@ fn attend(
     axpy: impl Fn(&mut [f32], f32, &[f32]),
 ) {
     let hd = job.hd;
-    let scale = 1.0 / (hd as f32).sqrt();
     let (kbuf, vbuf) = job.kv.layer(job.layer);
     let bs = job.kv.block_size();
     let len = job.row.pos + 1;
-    let blocks = &job.row.block_table[..len.div_ceil(bs)];
-    // Scores are laid out [group][blocks · bs] (padded to whole blocks; the tail is unused).
+    // The first position seen, and the block it is in: blocks wholly before the window are
+    // never read.
+    let start = job.window.map_or(0, |w| len.saturating_sub(w));
+    let first = start / bs;
+    let blocks = &job.row.block_table[first..len.div_ceil(bs)];
+    // Scores are laid out [group][blocks · bs] (padded to whole blocks; the ends are unused),
+    // position `first · bs + j` at `j`.
     let padded = blocks.len() * bs;
+    let (lo, n) = (start - first * bs, len - start);
     scores.clear();
     scores.resize(job.group * padded, 0.0);
     for (bi, &block) in blocks.iter().enumerate() {
@@ -187,23 +201,24 @@ fn attend(
         }
     }
     for g in 0..job.group {
-        scores.copy_within(g * padded..g * padded + len, g * len);
+        scores.copy_within(g * padded + lo..g * padded + lo + n, g * n);
     }
-    scores.truncate(job.group * len);
+    scores.truncate(job.group * n);
     for v in scores.iter_mut() {
-        *v *= scale;
+        *v *= job.scale;
     }
     for g in 0..job.group {
-        softmax(&mut scores[g * len..(g + 1) * len]);
+        softmax(&mut scores[g * n..(g + 1) * n]);
     }
     o.fill(0.0);
     let mut j = 0;
     for (bi, &block) in blocks.iter().enumerate() {
         let base = job.kv.head_offset(block, job.kv_head);
-        for slot in 0..bs.min(len - bi * bs) {
+        let from = if bi == 0 { lo } else { 0 };
+        for slot in from..bs.min(len - (first + bi) * bs) {
             let v = &vbuf[base + slot * hd..base + (slot + 1) * hd];
             for g in 0..job.group {
-                axpy(&mut o[g * hd..(g + 1) * hd], scores[g * len + j], v);
+                axpy(&mut o[g * hd..(g + 1) * hd], scores[g * n + j], v);
             }
             j += 1;
         }
@@ -314,7 +329,7 @@ mod tests {
     /// SmolLM2's attention shape (9 query heads over 3 kv heads of 64), rows at positions
     /// inside, at the end of and past a block, over a scattered block table; returns the
     /// output of every available path.
-    fn outputs(q_scale: f32) -> Vec<(Path, Vec<f32>)> {
+    fn outputs(q_scale: f32, window: Option<usize>) -> Vec<(Path, Vec<f32>)> {
         let (heads, kv_heads, hd, bs, blocks) = (9, 3, 64, 16, 12);
         let mut rng = Lcg(7);
         let mut kv = KvStore::new(1, kv_heads, hd, bs, blocks);
@@ -338,6 +353,8 @@ mod tests {
             kv_heads,
             head_dim: hd,
             q_stride: (heads + 2 * kv_heads) * hd,
+            scale: 1.0 / (hd as f32).sqrt(),
+            window,
         };
         let q = rng.vec(rows.len() * shape.q_stride, q_scale);
         let mut paths = vec![Path::Portable];
@@ -358,17 +375,18 @@ mod tests {
     }
 
     /// Every path computes the same sums in another order: they agree to float rounding
-    /// (measured: under 1e-6 relative; bound 1e-5), with soft and with peaked attention.
+    /// (measured: under 1e-6 relative; bound 1e-5), with soft and with peaked attention,
+    /// globally and in a window that starts inside a block.
     #[test]
     fn every_available_path_agrees_with_the_portable_one() {
-        for q_scale in [0.5, 8.0] {
-            let outs = outputs(q_scale);
+        for (q_scale, window) in [(0.5, None), (8.0, None), (0.5, Some(21))] {
+            let outs = outputs(q_scale, window);
             let (_, want) = &outs[0];
             for (path, got) in &outs[1..] {
                 let diff: f32 = got.iter().zip(want).map(|(a, b)| (a - b) * (a - b)).sum();
                 let norm: f32 = want.iter().map(|b| b * b).sum();
                 let rel = (diff / norm).sqrt();
-                println!("{path:?} vs portable, q scale {q_scale}: relative difference {rel:e}");
+                println!("{path:?} vs portable, q scale {q_scale}, window {window:?}: {rel:e}");
                 assert!(rel < 1e-5, "{path:?}: relative difference {rel}");
             }
         }

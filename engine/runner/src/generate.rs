@@ -5,7 +5,7 @@
 use std::path::Path;
 
 use crate::error::{Error, Result};
-use crate::model::{ChatMessage, ModelFiles, chat_prompt};
+use crate::model::{ChatMessage, ModelFiles};
 use crate::sampling::argmax;
 use crate::{ModelRunner, PackedRunner, RunnerConfig, SeqChunk};
 
@@ -52,17 +52,22 @@ pub fn generate_greedy(
     Ok(out)
 }
 
-/// Loads a model, asks it one user question with the chat template and returns the greedy
-/// answer text.
-pub fn chat_once(model: &Path, question: &str, max_tokens: usize) -> Result<String> {
+/// Loads a model, asks it one user question (after a system message, when given) with its
+/// chat format and returns the greedy answer text.
+pub fn chat_once(
+    model: &Path,
+    system: Option<&str>,
+    question: &str,
+    max_tokens: usize,
+) -> Result<String> {
     let files = ModelFiles::load(model)?;
-    let prompt = chat_prompt(
-        &[ChatMessage {
-            role: "user".into(),
-            content: question.into(),
-        }],
-        true,
-    );
+    let message = |role: &str, content: &str| ChatMessage {
+        role: role.into(),
+        content: content.into(),
+    };
+    let mut messages: Vec<ChatMessage> = system.map(|s| message("system", s)).into_iter().collect();
+    messages.push(message("user", question));
+    let prompt = files.tokenizer.apply_chat_template(&messages, true)?;
     let ids = files.tokenizer.encode(&prompt)?;
     let block_size = 16;
     let rc = RunnerConfig {

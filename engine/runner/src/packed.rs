@@ -10,10 +10,13 @@
 //! [`WeightsPlan`] decides every projection's format from the layer structs' specs and the
 //! `--weights` choice without packing (`packed/plan.rs`).
 //!
-//! Invariants: the architecture ([`Architecture`]) picks the layer structs in one place
-//! (`layout` and [`PackedModel::pack`]); a forward pass runs every layer over all rows of
-//! the step at once and computes the final norm and LM head only for the rows whose logits
-//! are wanted.
+//! One set of layer structs serves every architecture: what differs (biases, QK-norm, the
+//! norms around the sub-blocks, the activation, windows and per-layer RoPE) is read from the
+//! config's [`ModelSpec`] at load.
+//!
+//! Invariants: `layout` and [`PackedModel::pack`] list the same projections; a forward pass
+//! runs every layer over all rows of the step at once and computes the final norm and LM
+//! head only for the rows whose logits are wanted.
 
 mod attention;
 mod decoder;
@@ -24,7 +27,7 @@ mod plan;
 use crate::attention::RowPos;
 use crate::error::{Error, Result};
 use crate::kv_store::KvStore;
-use crate::model::{Architecture, ModelConfig, Weights};
+use crate::model::{ModelConfig, ModelSpec, Weights};
 use crate::weight_format::WeightChoice;
 use crate::{SeqChunk, StepLogits};
 use decoder::{DecoderLayer, Scratch};
@@ -45,19 +48,16 @@ pub struct PackedModel {
 /// Every projection of `cfg`'s architecture, in packing order, and the f32 values a step
 /// reads besides them.
 fn layout(w: &Weights, cfg: &ModelConfig) -> Layout {
-    match cfg.architecture {
-        Architecture::Llama => {
-            let mut specs: Vec<_> = (0..cfg.num_hidden_layers)
-                .flat_map(|i| DecoderLayer::specs(i, cfg))
-                .collect();
-            specs.push(LmHead::spec(w, cfg));
-            let layers = cfg.num_hidden_layers * DecoderLayer::f32_per_token(cfg);
-            // The final norm's scale and one embedding row.
-            Layout {
-                specs,
-                f32_per_token: layers + 2 * cfg.hidden_size,
-            }
-        }
+    let spec = cfg.spec();
+    let mut specs: Vec<_> = (0..cfg.num_hidden_layers)
+        .flat_map(|i| DecoderLayer::specs(i, cfg))
+        .collect();
+    specs.push(LmHead::spec(w, cfg));
+    let layers = cfg.num_hidden_layers * DecoderLayer::f32_per_token(cfg, &spec);
+    // The final norm's scale and one embedding row.
+    Layout {
+        specs,
+        f32_per_token: layers + 2 * cfg.hidden_size,
     }
 }
 
@@ -66,16 +66,13 @@ impl PackedModel {
     pub fn pack(w: &Weights, cfg: &ModelConfig, choice: WeightChoice) -> Result<Self> {
         let plan = WeightsPlan::new(w, cfg, choice)?;
         let p = Packer::new(w, &plan);
-        let (embed, layers, norm, lm_head) = match cfg.architecture {
-            Architecture::Llama => (
-                Embedding::load(&p, cfg)?,
-                (0..cfg.num_hidden_layers)
-                    .map(|i| DecoderLayer::load(&p, i, cfg))
-                    .collect::<Result<Vec<_>>>()?,
-                RmsNorm::load(&p, "model.norm.weight", cfg)?,
-                LmHead::load(&p, cfg)?,
-            ),
-        };
+        let spec: ModelSpec = cfg.spec();
+        let embed = Embedding::load(&p, cfg, &spec)?;
+        let layers = (0..cfg.num_hidden_layers)
+            .map(|i| DecoderLayer::load(&p, i, cfg, &spec))
+            .collect::<Result<Vec<_>>>()?;
+        let norm = RmsNorm::load(&p, "model.norm.weight", cfg.hidden_size, cfg, &spec)?;
+        let lm_head = LmHead::load(&p, cfg, &spec)?;
         if layers.is_empty() {
             return Err(Error::Config("model without layers".into()));
         }

@@ -6,9 +6,12 @@
 //! them, and each longer chunk (prefill) on its own, so a prefill's queries never pad the
 //! decode rows. Per group and layer that is a fixed number of tensor ops, whatever its size.
 //!
+//! A plan is made per window: on a sliding-window layer the mask also hides the keys before
+//! the window (the gather still reads the sequence's blocks from its first).
+//!
 //! Invariants: a query at position `p` sees exactly the keys at positions `0..=p` of its own
-//! sequence (padding keys and padded query rows are masked); the output rows come back in the
-//! batch's row order.
+//! sequence, or `p + 1 - w ..= p` under a window `w` (padding keys and padded query rows are
+//! masked); the output rows come back in the batch's row order.
 
 use candle_core::{D, DType, Device, Tensor};
 
@@ -25,6 +28,8 @@ pub struct Heads {
     pub kv_heads: usize,
     /// Per-head width.
     pub head_dim: usize,
+    /// Scores are `q·k · scale`.
+    pub scale: f64,
 }
 
 /// One attention group's host-built inputs (uploaded once per step, used by every layer).
@@ -53,8 +58,14 @@ pub struct AttnPlan {
 }
 
 impl AttnPlan {
-    /// Plans `batch` (already validated) for a pool of `block_size`-token blocks.
-    pub fn new(batch: &[SeqChunk<'_>], block_size: usize, device: &Device) -> Result<Self> {
+    /// Plans `batch` (already validated) for a pool of `block_size`-token blocks, each
+    /// query seeing the last `window` positions (all, when `None`).
+    pub fn new(
+        batch: &[SeqChunk<'_>],
+        block_size: usize,
+        window: Option<usize>,
+        device: &Device,
+    ) -> Result<Self> {
         let mut row0 = Vec::with_capacity(batch.len());
         let mut r = 0;
         for c in batch {
@@ -77,7 +88,7 @@ impl AttnPlan {
         let mut groups = Vec::with_capacity(members.len());
         let mut out_base = 0;
         for m in &members {
-            let g = Group::new(batch, m, &row0, block_size, device)?;
+            let g = Group::new(batch, m, &row0, (block_size, window), device)?;
             for (slot, &ci) in m.iter().enumerate() {
                 for i in 0..batch[ci].tokens.len() {
                     order[row0[ci] + i] = (out_base + slot * g.lq + i) as u32;
@@ -110,7 +121,7 @@ impl Group {
         batch: &[SeqChunk<'_>],
         members: &[usize],
         row0: &[usize],
-        block_size: usize,
+        (block_size, window): (usize, Option<usize>),
         device: &Device,
     ) -> Result<Self> {
         let chunks: Vec<&SeqChunk<'_>> = members.iter().map(|&i| &batch[i]).collect();
@@ -134,9 +145,10 @@ impl Group {
                 let real = i < c.tokens.len();
                 q_rows.push((row0[ci] + if real { i } else { 0 }) as u32);
                 // A padded query row looks at key 0 only, so its softmax stays finite.
-                let visible = if real { c.start_pos + i + 1 } else { 1 };
+                let end = if real { c.start_pos + i + 1 } else { 1 };
+                let start = window.map_or(0, |w| end.saturating_sub(w));
                 let at = (s * lq + i) * lk;
-                mask[at..at + visible].fill(0.0);
+                mask[at + start..at + end].fill(0.0);
             }
         }
         Ok(Group {
@@ -166,8 +178,7 @@ impl Group {
             Ok(t.reshape((b, lk, kvh, hd))?.transpose(1, 2)?.contiguous()?)
         };
         let (k, v) = (per_seq(k)?, per_seq(v)?);
-        let scale = 1.0 / (hd as f64).sqrt();
-        let scores = (qg.matmul(&k.t()?)? * scale)?
+        let scores = (qg.matmul(&k.t()?)? * h.scale)?
             .to_dtype(DType::F32)?
             .reshape((b, kvh, group, lq, lk))?
             .broadcast_add(&self.mask)?;

@@ -1,5 +1,6 @@
 //! The device runner on candle tensors (`--runner candle`): the same forward pass as the
-//! packed runner (RMSNorm, half-split RoPE, grouped-query paged attention, SwiGLU), written
+//! packed runner (RMSNorm, half-split RoPE, grouped-query paged attention, gated MLP, and
+//! every architecture's differences from the config's `ModelSpec`), written
 //! as layer structs on candle ops (`layers`, `model`: embed → each layer's `forward` →
 //! norm → LM head) so it runs on `Device::Cpu` and, with the `cuda` feature, on
 //! `Device::Cuda` (cuBLAS matmuls). Weights are bf16 on CUDA and f32 on the CPU
@@ -141,7 +142,13 @@ impl CandleRunner {
     }
 
     fn forward(&self, batch: &[SeqChunk<'_>]) -> Result<StepLogits> {
-        let inp = StepInputs::new(batch, &self.cfg, &self.kv, &self.device)?;
+        let inp = StepInputs::new(
+            batch,
+            &self.cfg,
+            &self.model.variants,
+            &self.kv,
+            &self.device,
+        )?;
         self.model.forward(batch, &inp, &self.kv)
     }
 }
@@ -150,23 +157,29 @@ impl CandleRunner {
 /// not multiplied).
 pub fn weight_count_for(cfg: &ModelConfig) -> usize {
     let (h, i) = (cfg.hidden_size, cfg.intermediate_size);
-    let kvd = cfg.kv_heads() * cfg.head_dim();
-    let layer = h * (h + 2 * kvd) + h * h + 3 * i * h;
+    let (qd, kvd) = (cfg.q_dim(), cfg.kv_dim());
+    let layer = h * (qd + 2 * kvd) + h * qd + 3 * i * h;
     cfg.num_hidden_layers * layer + cfg.vocab_size * h
 }
 
 /// Bytes the weights of `cfg` take on the device in `dtype`, before they are loaded (to
-/// check that they and the KV pool fit): every matrix in `dtype` (the LM head shares the
-/// embedding when tied), the norms in f32.
+/// check that they and the KV pool fit): every matrix and bias in `dtype` (the LM head
+/// shares the embedding when tied), the norms in f32.
 pub fn device_weight_bytes(cfg: &ModelConfig, dtype: DType) -> u64 {
     let h = cfg.hidden_size;
+    let spec = cfg.spec();
     let embed = if cfg.tie_word_embeddings {
         0
     } else {
         cfg.vocab_size * h
     };
-    let matrices = (weight_count_for(cfg) + embed) * dtype.size_in_bytes();
-    let norms = (2 * cfg.num_hidden_layers + 1) * h * DType::F32.size_in_bytes();
+    let bias = usize::from(spec.qkv_bias) * (cfg.q_dim() + 2 * cfg.kv_dim())
+        + usize::from(spec.o_bias) * h;
+    let per_layer = cfg.num_hidden_layers * bias;
+    let matrices = (weight_count_for(cfg) + embed + per_layer) * dtype.size_in_bytes();
+    let layer_norms =
+        spec.family.norms.count() * h + usize::from(spec.family.qk_norm) * 2 * cfg.head_dim();
+    let norms = (cfg.num_hidden_layers * layer_norms + h) * DType::F32.size_in_bytes();
     (matrices + norms) as u64
 }
 

@@ -80,6 +80,26 @@ impl<'a> TensorSource<'a> {
         }
     }
 
+    /// A bias: the parts (name, length) one after another, `[len]` in the runner's dtype
+    /// (random: small values, as a bias has).
+    pub fn vector(&self, parts: &[(String, usize)]) -> Result<Tensor> {
+        let len = parts.iter().map(|p| p.1).sum::<usize>();
+        match self.origin {
+            Origin::Checkpoint(w) => {
+                let t = parts
+                    .iter()
+                    .map(|(name, n)| w.get(name, &[*n]))
+                    .collect::<Result<Vec<_>>>()?;
+                Ok(Tensor::cat(&t, 0)?
+                    .to_dtype(self.dtype)?
+                    .to_device(self.device)?)
+            }
+            Origin::Random => {
+                Ok(Tensor::randn(0f32, 0.02, len, self.device)?.to_dtype(self.dtype)?)
+            }
+        }
+    }
+
     /// A norm scale `[len]` in f32.
     pub fn norm(&self, name: &str, len: usize) -> Result<Tensor> {
         match self.origin {

@@ -3,9 +3,9 @@
 //! GGUF file in its `general.architecture` metadata (`llama`). Anything else fails at load
 //! with an error naming what the file says and every architecture this build serves.
 //!
-//! Invariant: a [`super::ModelConfig`] always holds a supported [`Architecture`]; a runner
-//! matches on it to pick its layer structs, so adding one is a new variant here plus new
-//! layer structs in each runner, not a rewrite of the runners' steps.
+//! Invariant: a [`super::ModelConfig`] always holds a supported [`Architecture`]. What an
+//! architecture does differently is data ([`super::family::Family`]), read by one
+//! config-driven layer per runner; adding one is a variant here and its row of data there.
 
 use serde::{Deserialize, Deserializer, Serialize, Serializer};
 
@@ -18,28 +18,53 @@ pub enum Architecture {
     /// SwiGLU MLP (also SmolLM2, TinyLlama, Llama 2/3).
     #[default]
     Llama,
+    /// Mistral: Llama's block, sliding-window attention where the config sets a window.
+    Mistral,
+    /// Qwen2 and Qwen2.5: Llama's block with biases on Q, K and V.
+    Qwen2,
+    /// Qwen3: Llama's block with a per-head RMSNorm on Q and K.
+    Qwen3,
+    /// Gemma 3 (text): scaled embeddings, (1 + w) norms before and after attention and MLP,
+    /// QK-norm, GeGLU, interleaved sliding-window and global layers.
+    Gemma3,
 }
 
 impl Architecture {
     /// Every supported architecture.
-    pub const ALL: [Architecture; 1] = [Architecture::Llama];
+    pub const ALL: [Architecture; 5] = [
+        Architecture::Llama,
+        Architecture::Mistral,
+        Architecture::Qwen2,
+        Architecture::Qwen3,
+        Architecture::Gemma3,
+    ];
 
     /// The class name a Hugging Face `config.json` lists in `architectures`.
     pub fn hf_name(self) -> &'static str {
         match self {
             Architecture::Llama => "LlamaForCausalLM",
+            Architecture::Mistral => "MistralForCausalLM",
+            Architecture::Qwen2 => "Qwen2ForCausalLM",
+            Architecture::Qwen3 => "Qwen3ForCausalLM",
+            Architecture::Gemma3 => "Gemma3ForCausalLM",
         }
     }
 
     /// The value of a GGUF file's `general.architecture` (and its metadata key prefix).
+    /// llama.cpp's converter writes Mistral as `llama` (its window is not kept), so a
+    /// `llama` file is read as Llama.
     pub fn gguf_name(self) -> &'static str {
         match self {
-            Architecture::Llama => "llama",
+            Architecture::Llama | Architecture::Mistral => "llama",
+            Architecture::Qwen2 => "qwen2",
+            Architecture::Qwen3 => "qwen3",
+            Architecture::Gemma3 => "gemma3",
         }
     }
 
     /// The architecture of a Hugging Face `architectures` list: the first entry this build
-    /// serves.
+    /// serves. `Gemma3ForConditionalGeneration` is not among them: its checkpoints nest the
+    /// text model under `language_model`, which this loader does not read.
     pub fn from_hf_names(names: &[String]) -> Result<Self> {
         let found = names
             .iter()
@@ -112,6 +137,18 @@ mod tests {
             Architecture::from_gguf_name("llama").unwrap(),
             Architecture::Llama
         );
+        for a in Architecture::ALL {
+            assert_eq!(
+                Architecture::from_hf_names(&[a.hf_name().into()]).unwrap(),
+                a
+            );
+        }
+        let qwen3 = Architecture::from_gguf_name("qwen3").unwrap();
+        assert_eq!(qwen3, Architecture::Qwen3);
+        assert_eq!(
+            Architecture::from_gguf_name("gemma3").unwrap(),
+            Architecture::Gemma3
+        );
         let gpt2 = Architecture::from_hf_names(&["GPT2LMHeadModel".into()])
             .unwrap_err()
             .to_string();
@@ -120,13 +157,17 @@ mod tests {
             gpt2.contains("supported: LlamaForCausalLM (GGUF: llama)"),
             "{gpt2}"
         );
-        let qwen = Architecture::from_gguf_name("qwen2")
+        assert!(
+            gpt2.contains("Qwen3ForCausalLM (GGUF: qwen3), Gemma3ForCausalLM (GGUF: gemma3)"),
+            "{gpt2}"
+        );
+        let phi = Architecture::from_gguf_name("phi3")
             .unwrap_err()
             .to_string();
         assert!(
-            qwen.contains("\"qwen2\" (GGUF general.architecture)"),
-            "{qwen}"
+            phi.contains("\"phi3\" (GGUF general.architecture)"),
+            "{phi}"
         );
-        assert!(qwen.contains("supported: LlamaForCausalLM"), "{qwen}");
+        assert!(phi.contains("supported: LlamaForCausalLM"), "{phi}");
     }
 }

@@ -4,12 +4,18 @@
 //! anything and never panics; bad files give an [`crate::Error`], and a file of another
 //! architecture is refused before its weights are read.
 
+pub mod arch_params;
 pub mod architecture;
+pub mod chat_template;
 pub mod config;
-pub mod llama;
+pub mod dense;
+pub mod family;
 pub mod random;
+pub mod spec;
 pub mod tokenizer;
 pub mod weights;
+
+mod gguf_arch;
 
 use std::fs::File;
 use std::io::BufReader;
@@ -18,8 +24,10 @@ use std::path::{Path, PathBuf};
 use candle_core::quantized::gguf_file;
 
 pub use architecture::Architecture;
+pub use chat_template::ChatFormat;
 pub use config::ModelConfig;
-pub use llama::Llama;
+pub use dense::DenseDecoder;
+pub use spec::ModelSpec;
 pub use tokenizer::{ChatMessage, TextStream, Tokenizer, chat_prompt};
 pub use weights::Weights;
 
@@ -84,7 +92,10 @@ impl ModelFiles {
         let text = std::fs::read_to_string(&cfg_path).map_err(|e| Error::io(&cfg_path, e))?;
         let config = ModelConfig::from_json(&text)?;
         let weights = Weights::from_safetensors_dir(dir)?;
-        let tokenizer = Tokenizer::from_file(&dir.join("tokenizer.json"))?;
+        let chat = chat_template::from_hf_dir(dir)?;
+        let mut tokenizer = Tokenizer::from_file(&dir.join("tokenizer.json"))?;
+        tokenizer.add_eos_ids(&config.eos_token_id);
+        let tokenizer = tokenizer.with_chat_format(chat_format(chat));
         Ok(Self {
             config,
             weights,
@@ -98,14 +109,34 @@ impl ModelFiles {
         let mut reader = BufReader::new(f);
         let content = gguf_file::Content::read(&mut reader)?;
         let architecture = gguf_architecture(&content)?;
-        let tokenizer = Tokenizer::from_gguf(&content)?;
-        let config = config_from_gguf(&content, architecture, tokenizer.vocab_size())?;
+        let mut tokenizer = Tokenizer::from_gguf(&content)?;
+        let config = config_from_gguf(&content, &mut reader, architecture, tokenizer.vocab_size())?;
+        tokenizer.add_eos_ids(&config.eos_token_id);
+        let chat = chat_template::from_gguf(&content, &tokenizer)?;
+        let tokenizer = tokenizer.with_chat_format(chat_format(chat));
         let weights = Weights::from_gguf(&content, &mut reader, &config)?;
         Ok(Self {
             config,
             weights,
             tokenizer,
         })
+    }
+}
+
+/// The model's own template, or the built-in format (said at start: a model whose template
+/// differs would otherwise answer badly without any error).
+fn chat_format(template: Option<chat_template::ChatTemplate>) -> ChatFormat {
+    match template {
+        Some(t) => {
+            tracing::info!("chat prompts rendered with the model's chat template");
+            ChatFormat::Template(t)
+        }
+        None => {
+            tracing::warn!(
+                "the model has no chat template; chat prompts use the built-in ChatML format"
+            );
+            ChatFormat::BuiltIn
+        }
     }
 }
 
@@ -144,41 +175,44 @@ fn gguf_architecture(content: &gguf_file::Content) -> Result<Architecture> {
     }
 }
 
-fn config_from_gguf(
+fn config_from_gguf<R: std::io::Read + std::io::Seek>(
     content: &gguf_file::Content,
+    reader: &mut R,
     architecture: Architecture,
     vocab: usize,
 ) -> Result<ModelConfig> {
     let md = &content.metadata;
     let prefix = architecture.gguf_name();
+    let get = |k: &str| md.get(&format!("{prefix}.{k}"));
     let u = |k: &str| -> Result<usize> {
-        let v = md
-            .get(&format!("{prefix}.{k}"))
-            .ok_or_else(|| Error::Config(format!("gguf metadata {prefix}.{k} missing")))?;
+        let v =
+            get(k).ok_or_else(|| Error::Config(format!("gguf metadata {prefix}.{k} missing")))?;
         Ok(v.to_u32().or_else(|_| v.to_u64().map(|x| x as u32))? as usize)
     };
-    let f = |k: &str, d: f64| -> Result<f64> {
-        match md.get(&format!("{prefix}.{k}")) {
-            Some(v) => Ok(v.to_f32()? as f64),
-            None => Ok(d),
-        }
-    };
+    let f = |k: &str| -> Result<Option<f64>> { get(k).map(|v| Ok(v.to_f32()? as f64)).transpose() };
     let tok_id = |k: &str| md.get(k).and_then(|v| v.to_u32().ok());
     let heads = u("attention.head_count")?;
+    let hidden = u("embedding_length")?;
+    // The GGUF names only what llama.cpp reads from it; the rest is what llama.cpp assumes
+    // for the architecture (`gguf_arch`).
+    let head_dim = u("attention.key_length")
+        .ok()
+        .filter(|&d| d * heads != hidden);
     let cfg = ModelConfig {
         architecture,
-        hidden_size: u("embedding_length")?,
+        hidden_size: hidden,
         intermediate_size: u("feed_forward_length")?,
         num_hidden_layers: u("block_count")?,
         num_attention_heads: heads,
         num_key_value_heads: Some(u("attention.head_count_kv").unwrap_or(heads)),
         vocab_size: vocab,
-        rms_norm_eps: f("attention.layer_norm_rms_epsilon", 1e-5)?,
-        rope_theta: f("rope.freq_base", 10_000.0)?,
+        rms_norm_eps: f("attention.layer_norm_rms_epsilon")?.unwrap_or(1e-5),
+        rope_theta: f("rope.freq_base")?.unwrap_or(10_000.0),
         max_position_embeddings: u("context_length").unwrap_or(2048),
         tie_word_embeddings: !content.tensor_infos.contains_key("output.weight"),
         bos_token_id: tok_id("tokenizer.ggml.bos_token_id"),
-        eos_token_id: tok_id("tokenizer.ggml.eos_token_id"),
+        eos_token_id: tok_id("tokenizer.ggml.eos_token_id").into_iter().collect(),
+        arch: gguf_arch::params(content, reader, architecture, head_dim)?,
     };
     cfg.validate()?;
     Ok(cfg)
@@ -201,11 +235,11 @@ mod tests {
 
     #[test]
     fn a_gguf_of_another_architecture_is_refused_naming_it_and_the_supported_ones() {
-        let err = ModelFiles::load_gguf(gguf_of(Some("qwen2")).path())
+        let err = ModelFiles::load_gguf(gguf_of(Some("phi3")).path())
             .unwrap_err()
             .to_string();
         assert!(
-            err.contains("unsupported architecture \"qwen2\" (GGUF general.architecture)"),
+            err.contains("unsupported architecture \"phi3\" (GGUF general.architecture)"),
             "{err}"
         );
         assert!(

@@ -10,6 +10,7 @@ use std::path::Path;
 use candle_core::{Device, Tensor};
 use serde_json::json;
 
+use super::arch_params::ArchParams;
 use super::architecture::Architecture;
 use super::config::ModelConfig;
 use super::tokenizer::{byte_level_alphabet, tokenizer_json};
@@ -41,7 +42,8 @@ pub fn random_config(vocab_size: usize) -> ModelConfig {
         max_position_embeddings: 1024,
         tie_word_embeddings: true,
         bos_token_id: Some(0),
-        eos_token_id: Some(2),
+        eos_token_id: vec![2],
+        arch: ArchParams::default(),
     }
 }
 

@@ -1,4 +1,5 @@
-//! Byte-level BPE tokenizer (GPT-2 / SmolLM2 style) and the ChatML chat template.
+//! Byte-level BPE tokenizer (GPT-2 / SmolLM2 style), the model's chat format (its own
+//! template, [`super::chat_template`], or the built-in ChatML one) and its end ids.
 //!
 //! Invariants: `decode(encode(text)) == text` for any UTF-8 text (no prefix space is ever
 //! added: "Hello" encodes as "Hello", not "ĠHello"); special tokens written literally in the
@@ -10,6 +11,7 @@ use std::path::Path;
 
 use serde_json::{Value, json};
 
+use super::chat_template::ChatFormat;
 use crate::error::{Error, Result};
 
 /// One chat message.
@@ -26,6 +28,7 @@ pub struct ChatMessage {
 pub struct Tokenizer {
     inner: tokenizers::Tokenizer,
     eos_ids: Vec<u32>,
+    chat: ChatFormat,
 }
 
 impl Tokenizer {
@@ -44,7 +47,39 @@ impl Tokenizer {
             .iter()
             .filter_map(|t| inner.token_to_id(t))
             .collect();
-        Ok(Self { inner, eos_ids })
+        Ok(Self {
+            inner,
+            eos_ids,
+            chat: ChatFormat::BuiltIn,
+        })
+    }
+
+    /// The same tokenizer rendering chats in `chat`.
+    pub fn with_chat_format(self, chat: ChatFormat) -> Self {
+        Self { chat, ..self }
+    }
+
+    /// How chats are rendered.
+    pub fn chat_format(&self) -> &ChatFormat {
+        &self.chat
+    }
+
+    /// The prompt for a conversation, in the model's chat format.
+    pub fn apply_chat_template(
+        &self,
+        messages: &[ChatMessage],
+        add_generation_prompt: bool,
+    ) -> Result<String> {
+        self.chat.render(messages, add_generation_prompt)
+    }
+
+    /// Adds ids that end a generation (the model config's `eos_token_id`), once each.
+    pub fn add_eos_ids(&mut self, ids: &[u32]) {
+        for &id in ids {
+            if !self.eos_ids.contains(&id) && (id as usize) < self.vocab_size() {
+                self.eos_ids.push(id);
+            }
+        }
     }
 
     /// Builds the tokenizer from GGUF `tokenizer.ggml.*` metadata (byte-level BPE only).

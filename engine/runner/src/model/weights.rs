@@ -3,12 +3,16 @@
 //! - a directory with `config.json`, `*.safetensors` (any float dtype, converted to f32);
 //! - a `.gguf` file: 2-D tensors stay as stored (quantized bytes, GGML row-major blocks) so
 //!   the runner can pack them without a dequantize-requantize round trip; everything else is
-//!   dequantized to f32. llama.cpp's Q/K row permutation for interleaved RoPE is undone (on
-//!   whole rows, so it works on quantized rows too) so every format uses the same half-split
-//!   RoPE.
+//!   dequantized to f32. What llama.cpp's converter changed is undone, so a tensor means what
+//!   the Hugging Face checkpoint's does: the Q/K row permutation it applies to `llama` files
+//!   for interleaved RoPE (on whole rows, so it works on quantized rows too; the other
+//!   architectures keep half-split RoPE in GGUF), and the `+ 1` it folds into Gemma's norm
+//!   scales. The block's norms map by the family's norm names (`ffn_norm` is Llama's
+//!   `post_attention_layernorm` but Gemma's `pre_feedforward_layernorm`).
 //!
 //! Invariant: [`Weights::get`] returns contiguous f32 with the PyTorch `[out, in]` shape
-//! (dequantizing on demand); [`Weights::stored`] gives the matrix as the file holds it.
+//! (dequantizing on demand) and Hugging Face semantics; [`Weights::stored`] gives the matrix
+//! as the file holds it.
 
 use std::collections::HashMap;
 use std::path::Path;
@@ -19,6 +23,7 @@ use candle_core::quantized::{GgmlDType, QStorage, QTensor, gguf_file};
 use candle_core::{DType, Device, Tensor};
 
 use super::config::ModelConfig;
+use super::family::BlockNorms;
 use crate::error::{Error, Result};
 
 /// All weights of a checkpoint, by Hugging Face name.
@@ -161,19 +166,14 @@ impl Weights {
         cfg: &ModelConfig,
     ) -> Result<Self> {
         let mut w = Self::from_map(HashMap::new());
-        let hd = cfg.head_dim();
+        let spec = cfg.spec();
+        // Only llama.cpp's `llama` files have their Q/K rows permuted.
+        let permuted = cfg.architecture.gguf_name() == "llama";
         for gguf_name in content.tensor_infos.keys() {
-            let Some(hf_name) = hf_name_for_gguf(gguf_name) else {
+            let Some(hf_name) = hf_name_for_gguf(gguf_name, &spec.family.norms) else {
                 continue;
             };
             let q = content.tensor(reader, gguf_name, &Device::Cpu)?;
-            let heads = if hf_name.ends_with("self_attn.q_proj.weight") {
-                Some(cfg.num_attention_heads)
-            } else if hf_name.ends_with("self_attn.k_proj.weight") {
-                Some(cfg.kv_heads())
-            } else {
-                None
-            };
             if let Ok((rows, cols)) = q.shape().dims2() {
                 let mut m = RawMatrix {
                     dtype: q.dtype(),
@@ -181,22 +181,37 @@ impl Weights {
                     cols,
                     data: q.data()?.into_owned(),
                 };
-                if let Some(heads) = heads {
-                    m = m.permute_rows(&unpermuted_row_order(rows, heads, hd, &hf_name)?);
+                if let Some(heads) = permuted_heads(&hf_name, cfg).filter(|_| permuted) {
+                    let order = unpermuted_row_order(rows, heads, cfg.head_dim(), &hf_name)?;
+                    m = m.permute_rows(&order);
                 }
                 w.raw.insert(hf_name, m);
                 continue;
             }
-            w.tensors
-                .insert(hf_name, q.dequantize(&Device::Cpu)?.contiguous()?);
+            let mut t = q.dequantize(&Device::Cpu)?.contiguous()?;
+            if hf_name.ends_with("norm.weight") && spec.norm_offset != 0.0 {
+                t = t.affine(1.0, -f64::from(spec.norm_offset))?;
+            }
+            w.tensors.insert(hf_name, t);
         }
         Ok(w)
     }
 }
 
+/// The heads of a Q or K projection (whose rows llama.cpp permutes), else `None`.
+fn permuted_heads(hf_name: &str, cfg: &ModelConfig) -> Option<usize> {
+    if hf_name.ends_with("self_attn.q_proj.weight") {
+        Some(cfg.num_attention_heads)
+    } else if hf_name.ends_with("self_attn.k_proj.weight") {
+        Some(cfg.kv_heads())
+    } else {
+        None
+    }
+}
+
 /// Maps a llama.cpp tensor name to the Hugging Face name; `None` for tensors we do not use
-/// (e.g. precomputed rope frequencies).
-fn hf_name_for_gguf(name: &str) -> Option<String> {
+/// as weights (e.g. `rope_freqs`, read into the config).
+fn hf_name_for_gguf(name: &str, norms: &BlockNorms) -> Option<String> {
     match name {
         "token_embd.weight" => return Some("model.embed_tokens.weight".into()),
         "output_norm.weight" => return Some("model.norm.weight".into()),
@@ -206,19 +221,27 @@ fn hf_name_for_gguf(name: &str) -> Option<String> {
     let rest = name.strip_prefix("blk.")?;
     let (layer, tail) = rest.split_once('.')?;
     let layer: usize = layer.parse().ok()?;
-    let hf_tail = match tail {
-        "attn_norm.weight" => "input_layernorm.weight",
-        "ffn_norm.weight" => "post_attention_layernorm.weight",
-        "attn_q.weight" => "self_attn.q_proj.weight",
-        "attn_k.weight" => "self_attn.k_proj.weight",
-        "attn_v.weight" => "self_attn.v_proj.weight",
-        "attn_output.weight" => "self_attn.o_proj.weight",
-        "ffn_gate.weight" => "mlp.gate_proj.weight",
-        "ffn_up.weight" => "mlp.up_proj.weight",
-        "ffn_down.weight" => "mlp.down_proj.weight",
+    let (base, kind) = tail.rsplit_once('.')?;
+    let hf_base = match base {
+        "attn_norm" => norms.attn_in,
+        "ffn_norm" => norms.mlp_in,
+        "post_attention_norm" => norms.attn_out?,
+        "post_ffw_norm" => norms.mlp_out?,
+        "attn_q" => "self_attn.q_proj",
+        "attn_k" => "self_attn.k_proj",
+        "attn_v" => "self_attn.v_proj",
+        "attn_output" => "self_attn.o_proj",
+        "attn_q_norm" => "self_attn.q_norm",
+        "attn_k_norm" => "self_attn.k_norm",
+        "ffn_gate" => "mlp.gate_proj",
+        "ffn_up" => "mlp.up_proj",
+        "ffn_down" => "mlp.down_proj",
         _ => return None,
     };
-    Some(format!("model.layers.{layer}.{hf_tail}"))
+    if kind != "weight" && kind != "bias" {
+        return None;
+    }
+    Some(format!("model.layers.{layer}.{hf_base}.{kind}"))
 }
 
 /// llama.cpp's converter reorders each head's rows from `[2, hd/2]` (half-split RoPE) to
@@ -250,12 +273,33 @@ mod tests {
     use super::*;
 
     #[test]
-    fn gguf_names_map_to_hf() {
+    fn gguf_names_map_to_hf_by_the_family_s_norms() {
+        use crate::model::Architecture;
+        let llama = Architecture::Llama.family().norms;
+        let gemma = Architecture::Gemma3.family().norms;
+        let map = |n: &str, norms| hf_name_for_gguf(n, norms);
         assert_eq!(
-            hf_name_for_gguf("blk.12.attn_q.weight").as_deref(),
+            map("blk.12.attn_q.weight", &llama).as_deref(),
             Some("model.layers.12.self_attn.q_proj.weight")
         );
-        assert_eq!(hf_name_for_gguf("rope_freqs.weight"), None);
+        assert_eq!(
+            map("blk.0.attn_k.bias", &llama).as_deref(),
+            Some("model.layers.0.self_attn.k_proj.bias")
+        );
+        assert_eq!(map("rope_freqs.weight", &llama), None);
+        assert_eq!(
+            map("blk.1.ffn_norm.weight", &llama).as_deref(),
+            Some("model.layers.1.post_attention_layernorm.weight")
+        );
+        assert_eq!(
+            map("blk.1.ffn_norm.weight", &gemma).as_deref(),
+            Some("model.layers.1.pre_feedforward_layernorm.weight")
+        );
+        assert_eq!(
+            map("blk.1.post_attention_norm.weight", &gemma).as_deref(),
+            Some("model.layers.1.post_attention_layernorm.weight")
+        );
+        assert_eq!(map("blk.1.post_ffw_norm.weight", &llama), None);
     }
 
     #[test]

@@ -1,5 +1,6 @@
-//! One pre-norm Llama decoder block on packed weights:
-//! `x += attn(norm(x))`, then `x += mlp(norm(x))`, over all rows of a step at once.
+//! One decoder block on packed weights, over all rows of a step at once:
+//! `x += [norm](attn(norm(x)))`, then `x += [norm](mlp(norm(x)))`, the bracketed norms on
+//! the sub-blocks' outputs only where the family has them (Gemma).
 //!
 //! Invariant: `x` is the residual stream `[T, hidden]` in f32, updated in place; every
 //! buffer a layer needs is in [`Scratch`], allocated once per step and reused by every layer.
@@ -12,7 +13,7 @@ use crate::attention::RowPos;
 use crate::error::Result;
 use crate::kernels::ops::add_assign;
 use crate::kv_store::KvStore;
-use crate::model::ModelConfig;
+use crate::model::{ModelConfig, ModelSpec};
 
 /// The buffers of one step, shared by its layers.
 #[derive(Debug)]
@@ -43,8 +44,10 @@ impl Scratch {
 pub struct DecoderLayer {
     attn_norm: RmsNorm,
     attn: Attention,
+    attn_out_norm: Option<RmsNorm>,
     ffn_norm: RmsNorm,
     mlp: Mlp,
+    mlp_out_norm: Option<RmsNorm>,
 }
 
 impl DecoderLayer {
@@ -55,19 +58,25 @@ impl DecoderLayer {
         specs
     }
 
-    /// f32 values a decode step reads outside the projections: the two norm scales.
-    pub fn f32_per_token(cfg: &ModelConfig) -> usize {
-        2 * cfg.hidden_size
+    /// f32 values a decode step reads outside the projections: the norm scales, biases and
+    /// QK-norm scales.
+    pub fn f32_per_token(cfg: &ModelConfig, spec: &ModelSpec) -> usize {
+        spec.family.norms.count() * cfg.hidden_size + Attention::f32_per_token(cfg, spec)
     }
 
     /// Packs `model.layers.{i}.*`.
-    pub fn load(p: &Packer<'_>, i: usize, cfg: &ModelConfig) -> Result<Self> {
-        let n = |s: &str| format!("model.layers.{i}.{s}.weight");
+    pub fn load(p: &Packer<'_>, i: usize, cfg: &ModelConfig, spec: &ModelSpec) -> Result<Self> {
+        let h = cfg.hidden_size;
+        let norm =
+            |s: &str| RmsNorm::load(p, &format!("model.layers.{i}.{s}.weight"), h, cfg, spec);
+        let names = spec.family.norms;
         Ok(DecoderLayer {
-            attn_norm: RmsNorm::load(p, &n("input_layernorm"), cfg)?,
-            attn: Attention::load(p, i, cfg)?,
-            ffn_norm: RmsNorm::load(p, &n("post_attention_layernorm"), cfg)?,
-            mlp: Mlp::load(p, i, cfg)?,
+            attn_norm: norm(names.attn_in)?,
+            attn: Attention::load(p, i, cfg, spec)?,
+            attn_out_norm: names.attn_out.map(norm).transpose()?,
+            ffn_norm: norm(names.mlp_in)?,
+            mlp: Mlp::load(p, i, cfg, spec)?,
+            mlp_out_norm: names.mlp_out.map(norm).transpose()?,
         })
     }
 
@@ -75,14 +84,30 @@ impl DecoderLayer {
     pub fn forward(&self, x: &mut [f32], rows: &[RowPos<'_>], kv: &mut KvStore, s: &mut Scratch) {
         self.attn_norm.forward(x, &mut s.hn);
         self.attn.forward(&s.hn, rows, kv, &mut s.attn, &mut s.proj);
+        if let Some(n) = &self.attn_out_norm {
+            n.forward(&s.proj, &mut s.hn);
+            std::mem::swap(&mut s.proj, &mut s.hn);
+        }
         add_assign(x, &s.proj);
         self.ffn_norm.forward(x, &mut s.hn);
         self.mlp.forward(&s.hn, rows.len(), &mut s.mlp, &mut s.proj);
+        if let Some(n) = &self.mlp_out_norm {
+            n.forward(&s.proj, &mut s.hn);
+            std::mem::swap(&mut s.proj, &mut s.hn);
+        }
         add_assign(x, &s.proj);
     }
 
-    /// Bytes of the block's weights (packed projections and norm scales).
+    /// Bytes of the block's weights (packed projections, norm scales, biases).
     pub fn bytes(&self) -> usize {
-        self.attn_norm.bytes() + self.attn.bytes() + self.ffn_norm.bytes() + self.mlp.bytes()
+        let out_norms = [&self.attn_out_norm, &self.mlp_out_norm]
+            .iter()
+            .map(|n| n.as_ref().map_or(0, RmsNorm::bytes))
+            .sum::<usize>();
+        self.attn_norm.bytes()
+            + self.attn.bytes()
+            + self.ffn_norm.bytes()
+            + self.mlp.bytes()
+            + out_norms
     }
 }

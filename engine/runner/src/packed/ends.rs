@@ -1,16 +1,18 @@
-//! The packed model's ends and its norm: the token embedding (a row lookup), RMSNorm over
-//! the rows of a step, and the LM head (a packed projection, the embedding's copy when
-//! tied). Norm scales and the embedding stay f32 row-major.
+//! The packed model's ends and its small pieces: the token embedding (a row lookup, scaled
+//! where the family scales it), RMSNorm over the rows of a step (or over each head of a
+//! row, for QK-norm), a bias added to every row, and the LM head (a packed projection, the
+//! embedding's copy when tied; logits softcapped where the model says). Norm scales, biases
+//! and the embedding stay f32 row-major.
 //!
-//! Invariant: every row is `hidden` wide; the norms split rows across rayon tasks only in
-//! chunks of [`ROWS_PER_TASK`] rows.
+//! Invariants: a norm's scale is what multiplies (the family's `1 + w` offset is added at
+//! load); the norms split rows across rayon tasks only in chunks of [`ROWS_PER_TASK`] rows.
 
 use rayon::prelude::*;
 
 use super::plan::{Packer, Spec};
 use crate::error::Result;
 use crate::kernels::ops::rms_norm;
-use crate::model::{ModelConfig, Weights};
+use crate::model::{ModelConfig, ModelSpec, Weights};
 use crate::weight_format::Projection;
 
 /// Row-wise work is split across threads only in chunks of this many rows.
@@ -24,14 +26,17 @@ pub struct Embedding {
 }
 
 impl Embedding {
-    /// Loads `model.embed_tokens.weight`.
-    pub fn load(p: &Packer<'_>, cfg: &ModelConfig) -> Result<Self> {
+    /// Loads `model.embed_tokens.weight`, its rows already multiplied by the family's
+    /// scale (one f32 product, as the reference's after the lookup; the LM head packs the
+    /// checkpoint's own matrix, so a tied head is not scaled).
+    pub fn load(p: &Packer<'_>, cfg: &ModelConfig, spec: &ModelSpec) -> Result<Self> {
         let hidden = cfg.hidden_size;
         let shape = [cfg.vocab_size, hidden];
-        Ok(Embedding {
-            table: p.vector("model.embed_tokens.weight", &shape)?,
-            hidden,
-        })
+        let mut table = p.vector("model.embed_tokens.weight", &shape)?;
+        if let Some(scale) = spec.embed_scale {
+            table.iter_mut().for_each(|v| *v *= scale);
+        }
+        Ok(Embedding { table, hidden })
     }
 
     /// The rows of `tokens` (ids already checked against the vocabulary), appended to `x`.
@@ -57,12 +62,28 @@ pub struct RmsNorm {
 }
 
 impl RmsNorm {
-    /// Loads `{name}` (`[hidden]`).
-    pub fn load(p: &Packer<'_>, name: &str, cfg: &ModelConfig) -> Result<Self> {
+    /// Loads `{name}` (`[len]`), with the family's offset added to the scale.
+    pub fn load(
+        p: &Packer<'_>,
+        name: &str,
+        len: usize,
+        cfg: &ModelConfig,
+        spec: &ModelSpec,
+    ) -> Result<Self> {
+        let mut weight = p.vector(name, &[len])?;
+        weight.iter_mut().for_each(|w| *w += spec.norm_offset);
         Ok(RmsNorm {
-            weight: p.vector(name, &[cfg.hidden_size])?,
+            weight,
             eps: cfg.rms_norm_eps as f32,
         })
+    }
+
+    /// Each `len`-wide head of one row, in place (`tmp`: one head of scratch).
+    pub fn forward_heads(&self, row: &mut [f32], tmp: &mut [f32]) {
+        for head in row.chunks_exact_mut(self.weight.len()) {
+            rms_norm(head, &self.weight, self.eps, tmp);
+            head.copy_from_slice(tmp);
+        }
     }
 
     /// Every row of `x` into the same row of `out`, rows split across threads.
@@ -88,11 +109,40 @@ impl RmsNorm {
     }
 }
 
+/// A bias added to every row of a projection's output.
+#[derive(Debug)]
+pub struct Bias(Vec<f32>);
+
+impl Bias {
+    /// The bias of a fused projection: its parts' biases (name, length) one after another.
+    pub fn fused(p: &Packer<'_>, parts: &[(String, usize)]) -> Result<Self> {
+        let mut b = Vec::new();
+        for (name, len) in parts {
+            b.extend(p.vector(name, &[*len])?);
+        }
+        Ok(Bias(b))
+    }
+
+    /// `rows[r] += bias` for every row.
+    pub fn add_rows(&self, rows: &mut [f32]) {
+        for row in rows.chunks_exact_mut(self.0.len()) {
+            row.iter_mut().zip(&self.0).for_each(|(x, b)| *x += b);
+        }
+    }
+
+    /// Bytes of the values.
+    pub fn bytes(&self) -> usize {
+        self.0.len() * 4
+    }
+}
+
 /// The LM head `[vocab, hidden]`.
 #[derive(Debug)]
 pub struct LmHead {
     proj: Projection,
     vocab: usize,
+    /// `cap · tanh(logits / cap)`, where the model softcaps its logits.
+    softcap: Option<f32>,
 }
 
 impl LmHead {
@@ -107,10 +157,11 @@ impl LmHead {
     }
 
     /// Packs the head in its planned format.
-    pub fn load(p: &Packer<'_>, cfg: &ModelConfig) -> Result<Self> {
+    pub fn load(p: &Packer<'_>, cfg: &ModelConfig, spec: &ModelSpec) -> Result<Self> {
         Ok(LmHead {
             proj: p.projection(&Self::spec(p.weights(), cfg))?,
             vocab: cfg.vocab_size,
+            softcap: spec.final_softcap.map(|c| c as f32),
         })
     }
 
@@ -118,6 +169,9 @@ impl LmHead {
     pub fn forward(&self, normed: &[f32], rows: usize) -> Vec<f32> {
         let mut logits = vec![0f32; rows * self.vocab];
         self.proj.matmul(normed, rows, &mut logits);
+        if let Some(cap) = self.softcap {
+            logits.iter_mut().for_each(|l| *l = cap * (*l / cap).tanh());
+        }
         logits
     }
 

@@ -1,5 +1,6 @@
-//! The packed runner's SwiGLU feed-forward: `down(silu(gate(x)) · up(x))`, gate and up
-//! fused into one projection so one kernel call serves both.
+//! The packed runner's gated feed-forward: `down(act(gate(x)) · up(x))` with SiLU (SwiGLU)
+//! or tanh-approximated GELU (GeGLU, Gemma), gate and up fused into one projection so one
+//! kernel call serves both.
 //!
 //! Invariant: the fused projection's row is `[gate | up]`, each `intermediate` wide.
 
@@ -9,7 +10,8 @@ use super::ends::ROWS_PER_TASK;
 use super::plan::{Packer, Spec};
 use crate::error::Result;
 use crate::kernels::ops::silu_mul;
-use crate::model::ModelConfig;
+use crate::model::arch_params::Activation;
+use crate::model::{ModelConfig, ModelSpec};
 use crate::weight_format::Projection;
 
 /// The buffers one step's feed-forward reuses across layers.
@@ -40,6 +42,7 @@ pub struct Mlp {
     /// `[hidden, intermediate]`.
     w_down: Projection,
     inter: usize,
+    activation: Activation,
 }
 
 impl Mlp {
@@ -54,12 +57,13 @@ impl Mlp {
     }
 
     /// Packs layer `i`'s feed-forward.
-    pub fn load(p: &Packer<'_>, i: usize, cfg: &ModelConfig) -> Result<Self> {
+    pub fn load(p: &Packer<'_>, i: usize, cfg: &ModelConfig, spec: &ModelSpec) -> Result<Self> {
         let [gate_up, down] = Self::specs(i, cfg);
         Ok(Mlp {
             w_gate_up: p.projection(&gate_up)?,
             w_down: p.projection(&down)?,
             inter: cfg.intermediate_size,
+            activation: spec.activation,
         })
     }
 
@@ -67,16 +71,30 @@ impl Mlp {
     pub fn forward(&self, hn: &[f32], t: usize, s: &mut MlpScratch, out: &mut [f32]) {
         let inter = self.inter;
         self.w_gate_up.matmul(hn, t, &mut s.gu);
+        let act = match self.activation {
+            Activation::Silu => silu_mul,
+            Activation::GeluTanh => gelu_tanh_mul,
+        };
         s.act
             .par_chunks_mut(inter)
             .zip(s.gu.par_chunks(2 * inter))
             .with_min_len(ROWS_PER_TASK)
-            .for_each(|(a, row)| silu_mul(&row[..inter], &row[inter..], a));
+            .for_each(|(a, row)| act(&row[..inter], &row[inter..], a));
         self.w_down.matmul(&s.act, t, out);
     }
 
     /// Bytes of the packed projections.
     pub fn bytes(&self) -> usize {
         self.w_gate_up.bytes() + self.w_down.bytes()
+    }
+}
+
+/// `out[i] = gelu(gate[i]) · up[i]` with GELU's tanh form, as PyTorch's `gelu(approximate=
+/// "tanh")`: `0.5 g (1 + tanh(√(2/π) (g + 0.044715 g³)))`.
+fn gelu_tanh_mul(gate: &[f32], up: &[f32], out: &mut [f32]) {
+    const SQRT_2_OVER_PI: f32 = 0.797_884_6;
+    for ((o, &g), u) in out.iter_mut().zip(gate).zip(up) {
+        let inner = SQRT_2_OVER_PI * (g + 0.044_715 * g * g * g);
+        *o = 0.5 * g * (1.0 + inner.tanh()) * u;
     }
 }

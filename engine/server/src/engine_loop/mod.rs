@@ -259,7 +259,9 @@ impl Engine for LoopEngine {
                 content: m.content.clone(),
             })
             .collect();
-        Ok(tidegate_runner::model::chat_prompt(&msgs, true))
+        self.tokenizer
+            .apply_chat_template(&msgs, true)
+            .map_err(|e| TokenizeError::Template(e.to_string()))
     }
 
     fn submit(&self, req: GenerateRequest) -> BoxFuture<'static, Result<Admitted, SubmitError>> {
