@@ -27,7 +27,7 @@ step "cargo test --workspace"
 cargo test --workspace --quiet
 
 failed=0
-for script in e2e/api-slice.sh e2e/bad-object.sh e2e/chart.sh e2e/argocd-health.sh e2e/promql.sh e2e/openai-client.sh e2e/loop.sh e2e/local-mode.sh e2e/cluster.sh e2e/cluster-loop.sh; do
+for script in e2e/api-slice.sh e2e/bad-object.sh e2e/chart.sh e2e/argocd-health.sh e2e/promql.sh e2e/openai-client.sh e2e/loop.sh e2e/local-mode.sh e2e/model-sources.sh e2e/cluster.sh e2e/cluster-loop.sh; do
     [ -f "$script" ] || continue
     if [[ $script = e2e/cluster*.sh ]] && [ "$(id -u)" != 0 ]; then
         step "bash $script: NOT RUN: it needs root (the kubelet, containerd and the pod network)"
