@@ -24,6 +24,9 @@ if [ -x scripts/fetch-model.sh ]; then
 fi
 
 step "cargo test --workspace"
+# The model-sources tests fetch from a real S3 server (test-deps built it).
+TIDEGATE_TEST_WEED="$(scripts/seaweedfs.sh path)"
+export TIDEGATE_TEST_WEED
 cargo test --workspace --quiet
 
 failed=0
