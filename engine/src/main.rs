@@ -52,6 +52,8 @@ enum Command {
     BenchModel(tidegate_bench::model_runner::BenchArgs),
     /// Benchmark the engine loop: tok/s, TTFT and ITL by concurrency, roofline, session restore.
     Bench(tidegate_bench::engine_loop::BenchArgs),
+    /// Time to ready of `serve` for a model, from a cold and from a warm page cache.
+    BenchStartup(tidegate_bench::startup::StartupArgs),
     /// Greedy chat completion of one prompt (a smoke test of model + tokenizer).
     Chat {
         /// Model path: a .gguf file, or a directory with a .gguf or Hugging Face files.
@@ -85,6 +87,7 @@ fn main() -> anyhow::Result<()> {
             );
         }
         Command::Bench(args) => tidegate_bench::engine_loop::run(&args)?,
+        Command::BenchStartup(args) => tidegate_bench::startup::run(&args)?,
         Command::BenchModel(args) => tidegate_bench::model_runner::run(&args)?,
         Command::Chat {
             model,
