@@ -26,14 +26,29 @@ const MAX_REDIRECTS: usize = 5;
 
 type Https<B> = Client<HttpsConnector<HttpConnector>, B>;
 
-/// The TLS connector: ring, the system's roots, HTTP/1.1.
+/// The TLS connector: ring, the system's roots, HTTP/1.1. An image without a CA bundle
+/// still fetches over plain `http://` (an S3-compatible store on a private network); its
+/// `https://` fetches then fail with an unknown-issuer error, and a warning says why.
 fn connector() -> std::io::Result<HttpsConnector<HttpConnector>> {
     let provider = Arc::new(rustls::crypto::ring::default_provider());
-    Ok(hyper_rustls::HttpsConnectorBuilder::new()
-        .with_provider_and_native_roots(provider)?
-        .https_or_http()
-        .enable_http1()
-        .build())
+    match hyper_rustls::HttpsConnectorBuilder::new()
+        .with_provider_and_native_roots(provider.clone())
+    {
+        Ok(b) => Ok(b.https_or_http().enable_http1().build()),
+        Err(e) => {
+            tracing::warn!(error = %e, "no system root certificates: https:// sources cannot be verified and will fail");
+            let config = rustls::ClientConfig::builder_with_provider(provider)
+                .with_safe_default_protocol_versions()
+                .map_err(std::io::Error::other)?
+                .with_root_certificates(rustls::RootCertStore::empty())
+                .with_no_client_auth();
+            Ok(hyper_rustls::HttpsConnectorBuilder::new()
+                .with_tls_config(config)
+                .https_or_http()
+                .enable_http1()
+                .build())
+        }
+    }
 }
 
 fn client<B>() -> std::io::Result<Https<B>>
