@@ -5,7 +5,9 @@
 #   - Python packages: pytest, openai (the real OpenAI client), pyyaml;
 #   - the test API server and Prometheus (../shared/testenv/k8s-testenv install --with-prometheus);
 #   - the local Kubernetes cluster's components and Helm (scripts/cluster.sh install: built from
-#     the Go module proxy, about 12 minutes on 2 cores the first time).
+#     the Go module proxy, about 12 minutes on 2 cores the first time);
+#   - SeaweedFS, the S3 server of the model-sources tests (scripts/seaweedfs.sh install: built
+#     from the Go module proxy, cached by version).
 # scripts/test.sh runs this first; .ci/run runs scripts/test.sh.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -46,3 +48,6 @@ rm -f "$log"
 
 step "the local cluster's components and Helm (cached after the first build)"
 scripts/cluster.sh install
+
+step "SeaweedFS, the S3 server of the model-sources tests (cached after the first build)"
+scripts/seaweedfs.sh install

@@ -24,10 +24,13 @@ if [ -x scripts/fetch-model.sh ]; then
 fi
 
 step "cargo test --workspace"
+# The model-sources tests fetch from a real S3 server (test-deps built it).
+TIDEGATE_TEST_WEED="$(scripts/seaweedfs.sh path)"
+export TIDEGATE_TEST_WEED
 cargo test --workspace --quiet
 
 failed=0
-for script in e2e/api-slice.sh e2e/bad-object.sh e2e/chart.sh e2e/argocd-health.sh e2e/promql.sh e2e/openai-client.sh e2e/loop.sh e2e/local-mode.sh e2e/cluster.sh e2e/cluster-loop.sh; do
+for script in e2e/api-slice.sh e2e/bad-object.sh e2e/chart.sh e2e/argocd-health.sh e2e/promql.sh e2e/openai-client.sh e2e/loop.sh e2e/local-mode.sh e2e/model-sources.sh e2e/cluster.sh e2e/cluster-loop.sh; do
     [ -f "$script" ] || continue
     if [[ $script = e2e/cluster*.sh ]] && [ "$(id -u)" != 0 ]; then
         step "bash $script: NOT RUN: it needs root (the kubelet, containerd and the pod network)"

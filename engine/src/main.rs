@@ -1,5 +1,6 @@
 //! tidegate-engine binary: parses the command line and calls into the engine crates (serve:
-//! `tidegate_server`, route: `tidegate_router`, the benchmarks: `tidegate_bench`).
+//! `tidegate_server`, route: `tidegate_router`, fetch-model: `tidegate_fetch`, the benchmarks:
+//! `tidegate_bench`).
 
 use std::path::PathBuf;
 
@@ -31,6 +32,9 @@ enum Command {
     Serve(Box<tidegate_server::cli::ServeArgs>),
     /// Route a pool's traffic to its engines: KV-affine, pool-wide admission, tier queue.
     Route(Box<tidegate_router::cli::RouteArgs>),
+    /// Fetch a model (s3://, hf://) into a folder before the engine starts: resumable,
+    /// verified, atomic (a pod's init container; local mode's step before its engines).
+    FetchModel(Box<tidegate_fetch::cli::FetchArgs>),
     /// Benchmark a running router: returning-session TTFT, added latency, overload memory.
     BenchRouter(tidegate_bench::router::BenchRouterArgs),
     /// Offer a multiple of an engine's measured capacity; report refusals, queue wait, RSS.
@@ -48,6 +52,8 @@ enum Command {
     BenchModel(tidegate_bench::model_runner::BenchArgs),
     /// Benchmark the engine loop: tok/s, TTFT and ITL by concurrency, roofline, session restore.
     Bench(tidegate_bench::engine_loop::BenchArgs),
+    /// Time to ready of `serve` for a model, from a cold and from a warm page cache.
+    BenchStartup(tidegate_bench::startup::StartupArgs),
     /// Greedy chat completion of one prompt (a smoke test of model + tokenizer).
     Chat {
         /// Model path: a .gguf file, or a directory with a .gguf or Hugging Face files.
@@ -70,6 +76,7 @@ fn main() -> anyhow::Result<()> {
     match Cli::parse().command {
         Command::Serve(args) => tidegate_server::cli::run(*args)?,
         Command::Route(args) => tidegate_router::cli::run(*args)?,
+        Command::FetchModel(args) => tidegate_fetch::cli::run(*args)?,
         Command::BenchRouter(args) => tidegate_bench::router::run(&args)?,
         Command::OverloadBench(args) => tidegate_bench::overload::run(args)?,
         Command::GenRandomModel { out, seed } => {
@@ -83,6 +90,7 @@ fn main() -> anyhow::Result<()> {
             );
         }
         Command::Bench(args) => tidegate_bench::engine_loop::run(&args)?,
+        Command::BenchStartup(args) => tidegate_bench::startup::run(&args)?,
         Command::BenchModel(args) => tidegate_bench::model_runner::run(&args)?,
         Command::Chat {
             model,

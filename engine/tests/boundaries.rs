@@ -63,6 +63,18 @@ const RULES: &[(&str, &[&str], &str)] = &[
         &["tidegate-router", "tidegate-bench"],
         "the engine role does not contain the router or the benchmarks",
     ),
+    (
+        "fetch",
+        &[
+            "candle-core",
+            "tidegate-kv",
+            "tidegate-runner",
+            "tidegate-server",
+            "tidegate-router",
+            "reqwest",
+        ],
+        "the fetch step moves files: no model code, no engine, and no second HTTP/TLS stack (reqwest's TLS would clash with kube's rustls)",
+    ),
 ];
 
 /// Names in the `[dependencies]` table of a manifest (not dev- or build-dependencies).

@@ -110,6 +110,7 @@ pub fn run(args: &BenchPlanArgs) -> anyhow::Result<()> {
                 endpoints: Vec::new(),
                 routers: Vec::new(),
                 selector: String::new(),
+                model_problem: None,
             };
             let status = status_build::build(
                 statuses[i].as_ref(),

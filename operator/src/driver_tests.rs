@@ -75,6 +75,7 @@ impl WorkloadRuntime for Fake {
             endpoints: w.endpoints.clone(),
             selector: "pool=p".into(),
             routers: Vec::new(),
+            model_problem: None,
         })
     }
 

@@ -5,17 +5,23 @@
 //! nothing is half-loaded. Files of a folder are read in name order, so the pools of a
 //! folder come in a stable order.
 
+use std::collections::BTreeMap;
 use std::path::PathBuf;
+
+use k8s_openapi::api::core::v1::Secret;
 
 use tidegate_api::{InferencePool, TierPolicy, TierPolicySpec};
 
 use crate::ports::PoolRef;
 
-/// Pools and policies found in files.
+/// Pools, policies and Secrets found in files.
 #[derive(Debug, Default)]
 pub struct Manifests {
     pub pools: Vec<InferencePool>,
     pub policies: Vec<TierPolicy>,
+    /// Secrets (namespace `default` where the manifest has none), for local mode's model
+    /// fetch credentials: (namespace, name) → key → value.
+    pub secrets: crate::workload_runtime::local::model_fetch::LocalSecrets,
 }
 
 /// Reads every `*.yaml`/`*.yml` file in `paths` (files or folders; documents separated by
@@ -53,11 +59,35 @@ pub fn load_manifests(paths: &[PathBuf]) -> anyhow::Result<Manifests> {
                     serde_saphyr::from_str(doc)
                         .map_err(|e| anyhow::anyhow!("{}: TierPolicy: {e}", f.display()))?,
                 ),
+                "Secret" => {
+                    let secret: Secret = serde_saphyr::from_str(doc)
+                        .map_err(|e| anyhow::anyhow!("{}: Secret: {e}", f.display()))?;
+                    let (key, data) = secret_data(secret);
+                    out.secrets.insert(key, data);
+                }
                 _ => {}
             }
         }
     }
     Ok(out)
+}
+
+/// A Secret's (namespace, name) and its keys: `data` (decoded) and `stringData`, the latter
+/// winning as the API server has it.
+fn secret_data(secret: Secret) -> ((String, String), BTreeMap<String, String>) {
+    let ns = secret
+        .metadata
+        .namespace
+        .unwrap_or_else(|| "default".into());
+    let name = secret.metadata.name.unwrap_or_default();
+    let mut data: BTreeMap<String, String> = secret
+        .data
+        .unwrap_or_default()
+        .into_iter()
+        .map(|(k, v)| (k, String::from_utf8_lossy(&v.0).into_owned()))
+        .collect();
+    data.extend(secret.string_data.unwrap_or_default());
+    ((ns, name), data)
 }
 
 /// The namespace and name of a pool read from a file (namespace `default`, name `pool`

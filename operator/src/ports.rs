@@ -62,6 +62,9 @@ pub struct WorkloadState {
     pub routers: Vec<Endpoint>,
     /// Label selector of the pool's pods, for status.selector.
     pub selector: String,
+    /// Why the model fetch step (`fetch-model`) of the pool's engines is failing, naming the
+    /// replica, the URI and the cause; None while no fetch has failed.
+    pub model_problem: Option<String>,
 }
 
 /// A workload runtime failure.

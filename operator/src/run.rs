@@ -195,6 +195,8 @@ async fn run(args: RunArgs) -> anyhow::Result<()> {
                 // A killed operator's engines keep running; the next one adopts them.
                 engine_book: Some(args.local_state_dir.join("engines.json")),
                 routers_file: Some(args.local_state_dir.join("routers.json")),
+                // Pools come from the API server here: credentials from the environment.
+                secrets: Default::default(),
             });
             let driver = Driver::new(
                 runtime,

@@ -9,7 +9,9 @@ use tidegate_api::status::{
     PodModelStatus, ScalingDecision,
 };
 
-use crate::plan::{ForecastPlan, Millis, Plan, Standing, merge_conditions, to_time};
+use tidegate_api::conditions::{reasons, status as cstatus, types};
+
+use crate::plan::{ConditionPlan, ForecastPlan, Millis, Plan, Standing, merge_conditions, to_time};
 use crate::ports::WorkloadState;
 
 fn round(x: f64, digits: i32) -> f64 {
@@ -89,8 +91,30 @@ pub fn build(
         admission: Some(admission),
         last_scale_time: last_scale_time.map(to_time).or(prev.last_scale_time),
         recent_decisions: recent,
-        conditions: merge_conditions(&prev.conditions, &plan.conditions, now, generation),
+        conditions: merge_conditions(
+            &prev.conditions,
+            &with_model_problem(&plan.conditions, workload),
+            now,
+            generation,
+        ),
     }
+}
+
+/// The planned conditions, with Ready=False naming the cause when the pool is not ready
+/// because its model cannot be fetched (the fetch step's own words: URI and cause), so the
+/// status says why instead of only "0/1 replicas ready".
+fn with_model_problem(planned: &[ConditionPlan], workload: &WorkloadState) -> Vec<ConditionPlan> {
+    let mut out = planned.to_vec();
+    let Some(problem) = &workload.model_problem else {
+        return out;
+    };
+    for c in out.iter_mut() {
+        if c.type_ == types::READY && c.status == cstatus::FALSE {
+            c.reason = reasons::MODEL_FETCH_FAILED;
+            c.message = format!("{}; {problem}", c.message);
+        }
+    }
+    out
 }
 
 /// The forecast in status units: the error to two decimals (finer churns status).
@@ -108,5 +132,41 @@ fn forecast_status(f: &ForecastPlan) -> ForecastStatus {
         lead_time_measured: f.lead_time_measured,
         recent_error: f.recent_error.map(|e| round(e, 2)),
         history: f.history.clone(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn ready(status: &'static str) -> ConditionPlan {
+        ConditionPlan {
+            type_: types::READY,
+            status,
+            reason: reasons::REPLICAS_NOT_READY,
+            message: "0/1 replicas ready".into(),
+        }
+    }
+
+    #[test]
+    fn a_failing_model_fetch_is_the_reason_a_pool_is_not_ready() {
+        let workload = WorkloadState {
+            model_problem: Some("pod p-0: model fetch failed: s3://m/x: not found".into()),
+            ..WorkloadState::default()
+        };
+        let out = with_model_problem(&[ready(cstatus::FALSE)], &workload);
+        assert_eq!(out[0].reason, reasons::MODEL_FETCH_FAILED);
+        assert_eq!(
+            out[0].message,
+            "0/1 replicas ready; pod p-0: model fetch failed: s3://m/x: not found"
+        );
+        let fine = with_model_problem(&[ready(cstatus::TRUE)], &workload);
+        assert_eq!(
+            fine[0].reason,
+            reasons::REPLICAS_NOT_READY,
+            "a ready pool is ready"
+        );
+        let none = with_model_problem(&[ready(cstatus::FALSE)], &WorkloadState::default());
+        assert_eq!(none[0].reason, reasons::REPLICAS_NOT_READY);
     }
 }

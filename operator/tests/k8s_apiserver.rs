@@ -44,6 +44,7 @@ impl WorkloadRuntime for MemRuntime {
             endpoints: vec![],
             routers: vec![],
             selector: format!("tidegate.dev/pool={}", pool.name),
+            model_problem: None,
         })
     }
     async fn apply(

@@ -213,7 +213,17 @@ fn model_uris() {
         ("/model", Some("claim"))
     );
     assert!(model_location("pvc://claim/../etc").is_err());
-    assert!(model_location("s3://bucket/x").is_err());
+    let s3 = model_location("s3://bucket/x").expect("s3");
+    assert!(s3.fetched && s3.claim.is_none() && s3.image.is_none());
+    assert!(
+        s3.path
+            .starts_with(&format!("{}/s3-bucket-x-", deployment::MODEL_CACHE_MOUNT)),
+        "{}",
+        s3.path
+    );
+    assert!(model_location("hf://org/m@v1").expect("hf").fetched);
+    assert!(model_location("s3:///x").is_err());
+    assert!(model_location("gs://bucket/x").is_err());
     assert!(model_location("file://relative").is_err());
     let oci = model_location("oci://registry.example.com:5000/models/m:q4").expect("oci");
     assert_eq!(
@@ -262,6 +272,72 @@ fn an_oci_model_is_an_image_volume_mounted_read_only_at_model() {
     let args = pod.containers[0].args.clone().unwrap_or_default();
     let at = args.iter().position(|a| a == "--model").expect("--model");
     assert_eq!(args[at + 1], "/model");
+}
+
+#[test]
+fn an_s3_model_is_fetched_by_a_restricted_init_container_into_a_cache_volume() {
+    let s = spec(serde_json::json!({
+        "model": {"name": "m", "uri": "s3://models/m", "source": {
+            "credentialsSecret": "creds", "endpoint": "http://s3:8333", "cacheSize": "3Gi"}},
+        "engine": {"image": "e", "resources": {"gpus": 0}}
+    }));
+    let d = deployment::deployment("p", "ns", &s, 1, vec![]).expect("deployment");
+    let pod = d.spec.expect("spec").template.spec.expect("pod spec");
+    let init = pod.init_containers.clone().expect("init containers");
+    let fetch = &init[0];
+    assert_eq!(fetch.name, deployment::FETCH_CONTAINER);
+    assert_eq!(fetch.image.as_deref(), Some("e"));
+    let sc = fetch.security_context.clone().expect("security context");
+    assert_eq!(sc.read_only_root_filesystem, Some(true));
+    assert_eq!(sc.run_as_non_root, Some(true));
+    assert_eq!(
+        fetch.termination_message_path.as_deref(),
+        Some(deployment::TERMINATION_MESSAGE_PATH)
+    );
+    let cache = pod
+        .volumes
+        .iter()
+        .flatten()
+        .find(|v| v.name == "model-cache")
+        .expect("the cache volume");
+    let size = cache.empty_dir.as_ref().and_then(|e| e.size_limit.clone());
+    assert_eq!(size.map(|q| q.0).as_deref(), Some("3Gi"));
+    let rw = fetch
+        .volume_mounts
+        .iter()
+        .flatten()
+        .find(|m| m.name == "model-cache");
+    assert_eq!(
+        rw.and_then(|m| m.read_only),
+        Some(false),
+        "the fetch writes the cache"
+    );
+    let ro = pod.containers[0]
+        .volume_mounts
+        .iter()
+        .flatten()
+        .find(|m| m.name == "model-cache");
+    assert_eq!(
+        ro.and_then(|m| m.read_only),
+        Some(true),
+        "the engine only reads it"
+    );
+    let secret_refs: Vec<(String, String)> = fetch
+        .env
+        .iter()
+        .flatten()
+        .filter_map(|e| e.value_from.as_ref()?.secret_key_ref.as_ref())
+        .map(|r| (r.name.clone(), r.key.clone()))
+        .collect();
+    assert_eq!(secret_refs.len(), 3, "{secret_refs:?}");
+    assert!(secret_refs.iter().all(|(name, _)| name == "creds"));
+    let file = spec(serde_json::json!({}));
+    let d = deployment::deployment("p", "ns", &file, 1, vec![]).expect("deployment");
+    let pod = d.spec.expect("spec").template.spec.expect("pod spec");
+    assert!(
+        pod.init_containers.is_none(),
+        "a volume model has no fetch step"
+    );
 }
 
 /// Readiness on /readyz and liveness on /healthz, both through the `http` port (the engine

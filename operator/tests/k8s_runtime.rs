@@ -194,6 +194,33 @@ async fn observe_reads_engines_and_routers_from_the_caches_by_their_own_selector
 }
 
 #[tokio::test]
+async fn a_failing_model_fetch_is_read_from_the_engine_pods_init_container() {
+    // The pod as the kubelet reports it: fetch-model exited 1 with its cause as the
+    // termination message, and waits to be restarted (CrashLoopBackOff).
+    let message = "model fetch failed: s3://models/tiny: credentials refused: 403 Forbidden: SignatureDoesNotMatch: The request signature we calculated does not match the signature you provided.";
+    let mut engine = labelled(
+        pod("chat-x", "10.0.0.1", false, false),
+        "tidegate-engine",
+        "chat",
+    );
+    engine["status"]["initContainerStatuses"] = json!([{
+        "name": "fetch-model", "image": "e", "imageID": "", "ready": false, "restartCount": 2,
+        "state": {"waiting": {"reason": "CrashLoopBackOff", "message": "back-off 20s restarting failed container"}},
+        "lastState": {"terminated": {"exitCode": 1, "reason": "Error", "message": message}}
+    }]);
+    let (service, _handle) = tower_test::mock::pair::<Request<Body>, Response<Body>>();
+    let caches = Caches::preloaded(
+        Vec::new(),
+        vec![serde_json::from_value(engine).expect("pod")],
+        Vec::new(),
+    );
+    let runtime = K8sRuntime::new(Client::new(service, "default"), OwnerBook::new(), caches);
+    let state = runtime.observe(&pool_ref()).await.expect("observe");
+    assert_eq!(state.model_problem, Some(format!("pod chat-x: {message}")));
+    assert!(state.endpoints.iter().all(|e| !e.ready));
+}
+
+#[tokio::test]
 async fn apply_writes_engine_and_router_objects_front_door_last() {
     let (service, handle) = tower_test::mock::pair::<Request<Body>, Response<Body>>();
     let runtime = K8sRuntime::new(

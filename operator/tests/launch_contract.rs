@@ -194,8 +194,9 @@ fn check_pod(pool: &InferencePool) {
 fn check_local(pool: &InferencePool) {
     let name = pool.metadata.name.as_deref().expect("name");
     let what = format!("local engine of {name}");
-    if !pool.spec.model.uri.starts_with("file://") {
-        return; // local mode serves file:// models only (and says so)
+    let uri = &pool.spec.model.uri;
+    if !(uri.starts_with("file://") || uri.starts_with("s3://") || uri.starts_with("hf://")) {
+        return; // local mode serves file://, s3:// and hf:// models only (and says so)
     }
     let state = tempfile::tempdir().expect("tempdir");
     let runtime = LocalRuntime::new(LocalRuntimeConfig {
@@ -207,6 +208,7 @@ fn check_local(pool: &InferencePool) {
         file_sd_path: None,
         engine_book: None,
         routers_file: None,
+        secrets: Default::default(),
     });
     let pref = PoolRef {
         namespace: "ns".to_string(),
@@ -241,7 +243,11 @@ fn as_cluster_pool(pool: &InferencePool) -> InferencePool {
 
 #[test]
 fn every_example_pool_launches_with_flags_the_engine_parses_with_the_same_meaning() {
-    for pool in example_pools().iter().chain([&every_field_pool()]) {
+    for pool in example_pools()
+        .iter()
+        .chain([&every_field_pool()])
+        .chain(&fetched_pools())
+    {
         check_pod(&as_cluster_pool(pool));
     }
 }
@@ -250,7 +256,11 @@ fn every_example_pool_launches_with_flags_the_engine_parses_with_the_same_meanin
 fn local_engines_launch_from_the_same_contract() {
     let mut local = every_field_pool();
     local.spec.model.uri = "file://models/m".to_string();
-    for pool in example_pools().iter().chain([&local]) {
+    for pool in example_pools()
+        .iter()
+        .chain([&local])
+        .chain(&fetched_pools())
+    {
         check_local(pool);
     }
 }
@@ -261,6 +271,9 @@ fn every_engine_facing_spec_field_is_accounted_for() {
     // assert_same_meaning) or named here as the operator's own.
     let operator_only = [
         "uri",
+        // The fetch step's, checked in
+        // a_fetched_model_runs_an_init_container_the_fetch_step_parses_with_the_same_meaning.
+        "source",
         "image",
         "resources",
         "startupGracePeriod",
@@ -379,6 +392,143 @@ fn every_example_pool_runs_a_router_the_router_parses_with_the_same_meaning() {
                 "{name}: the router does not read {}",
                 var.name
             );
+        }
+    }
+}
+
+/// The fetch step's subcommand, parsed as the engine binary parses it.
+#[derive(clap::Parser)]
+struct FetchBinary {
+    #[command(subcommand)]
+    cmd: FetchCmd,
+}
+
+#[derive(clap::Subcommand)]
+enum FetchCmd {
+    FetchModel(tidegate_fetch::cli::FetchArgs),
+}
+
+fn parse_fetch(args: &[String]) -> tidegate_fetch::cli::FetchArgs {
+    use clap::Parser;
+    let argv = std::iter::once("tidegate-engine".to_string()).chain(args.iter().cloned());
+    let FetchCmd::FetchModel(f) = FetchBinary::try_parse_from(argv)
+        .unwrap_or_else(|e| panic!("fetch-model refuses {args:?}: {e}"))
+        .cmd;
+    f
+}
+
+/// Every variable `fetch-model` reads.
+fn fetch_env_names() -> BTreeSet<String> {
+    use clap::CommandFactory;
+    let cmd = FetchBinary::command();
+    let sub = cmd
+        .find_subcommand(tidegate_api::fetch_launch::FETCH_MODEL)
+        .expect("fetch-model subcommand");
+    sub.get_arguments()
+        .filter_map(|a| a.get_env())
+        .map(|e| e.to_string_lossy().into_owned())
+        .collect()
+}
+
+/// Pools whose model is fetched, with every source field set.
+fn fetched_pools() -> Vec<InferencePool> {
+    let pool = |name: &str, model: &str| -> InferencePool {
+        serde_saphyr::from_str(&format!(
+            "apiVersion: tidegate.dev/v1alpha1\nkind: InferencePool\nmetadata: {{name: {name}, namespace: ns}}\nspec:\n  model: {model}\n  engine: {{image: img, resources: {{gpus: 0}}}}\n  replicas: {{min: 1, max: 2}}\n"
+        ))
+        .expect("fetched pool")
+    };
+    vec![
+        pool(
+            "s3",
+            r#"{name: m, uri: "s3://models/tiny", source: {credentialsSecret: s3-creds, endpoint: "http://s3.local:8333", region: eu-west-1, cacheSize: 2Gi}}"#,
+        ),
+        pool(
+            "hf",
+            r#"{name: m, uri: "hf://org/tiny@v1", source: {credentialsSecret: hf-token}}"#,
+        ),
+    ]
+}
+
+#[test]
+fn a_fetched_model_runs_an_init_container_the_fetch_step_parses_with_the_same_meaning() {
+    let known = fetch_env_names();
+    for pool in fetched_pools() {
+        let name = pool.metadata.name.clone().expect("name");
+        let spec = &pool.spec;
+        let pod = pod_template(&name, spec).expect("pod").spec.expect("spec");
+        let init = pod.init_containers.clone().expect("an init container");
+        assert_eq!(init.len(), 1, "{name}");
+        let c = &init[0];
+        assert_eq!(c.image.as_deref(), Some("img"), "{name}: the engine image");
+        let f = parse_fetch(c.args.as_deref().expect("args"));
+        assert_eq!(f.uri, spec.model.uri, "{name}");
+        let engine = parse_serve(pod.containers[0].args.as_deref().expect("args")).expect("serve");
+        assert_eq!(
+            engine.model.as_deref(),
+            Some(f.dest.as_path()),
+            "{name}: the engine reads what the fetch wrote"
+        );
+        let source = spec.model.source.clone().unwrap_or_default();
+        assert_eq!(f.endpoint, source.endpoint, "{name}: model.source.endpoint");
+        assert_eq!(f.region, source.region, "{name}: model.source.region");
+        assert!(
+            f.message_file.is_some(),
+            "{name}: the cause becomes the termination message"
+        );
+        let secret = source.credentials_secret.expect("secret");
+        for var in c.env.iter().flatten() {
+            assert!(
+                known.contains(&var.name),
+                "{name}: fetch-model does not read {}",
+                var.name
+            );
+            if let Some(r) = var
+                .value_from
+                .as_ref()
+                .and_then(|v| v.secret_key_ref.as_ref())
+            {
+                assert_eq!(
+                    r.name, secret,
+                    "{name}: {} comes from the pool's Secret",
+                    var.name
+                );
+                assert_eq!(
+                    r.key, var.name,
+                    "{name}: the Secret's key is the variable's name"
+                );
+            }
+            assert!(
+                var.value.is_none() || var.name == "HF_HOME",
+                "{name}: {} is a literal",
+                var.name
+            );
+        }
+        let engine_mounts = pod.containers[0].volume_mounts.clone().unwrap_or_default();
+        assert!(
+            engine_mounts
+                .iter()
+                .any(|m| f.dest.starts_with(&m.mount_path) && m.read_only == Some(true)),
+            "{name}: the engine mounts the cache read-only"
+        );
+    }
+}
+
+#[test]
+fn local_fetch_steps_launch_from_the_same_contract() {
+    use tidegate_operator::workload_runtime::local::model_fetch::local_fetch_site;
+    let cache = Path::new("/state/models");
+    for pool in fetched_pools() {
+        let site = local_fetch_site(cache, Some(Path::new("/state/logs/msg")));
+        let launch = tidegate_api::fetch_launch::fetch_launch(&pool.spec, &site)
+            .expect("uri")
+            .expect("fetched");
+        let f = parse_fetch(&launch.args);
+        assert_eq!(f.uri, pool.spec.model.uri);
+        assert!(f.dest.starts_with(cache));
+        let known = fetch_env_names();
+        for (var, _) in &launch.env {
+            assert!(known.contains(*var), "fetch-model does not read {var}");
         }
     }
 }

@@ -6,6 +6,7 @@
 //! - [`model_runner`]: `bench-model`: copy bandwidth, batch-1 roofline, decode tok/s.
 //! - [`overload`]: `overload-bench`: a multiple of a running engine's capacity.
 //! - [`router`]: `bench-router`: a running router's added latency and overload memory.
+//! - [`startup`]: `bench-startup`: an engine's time to ready, cold and warm page cache.
 
 pub mod client;
 pub mod engine_loop;
@@ -14,3 +15,4 @@ pub mod overload;
 pub mod router;
 pub mod session;
 pub mod soak;
+pub mod startup;

@@ -8,7 +8,9 @@
 --              SLO: new tenants are being paused), MetricsAvailable=False (the operator holds
 --              its last decision), the referenced TierPolicy is missing or unreadable, or
 --              the operator cannot read the pool's spec (Ready=False InvalidSpec), or
---              the pool's oci:// model cannot be mounted here (ModelVolumeUnsupported).
+--              the pool's oci:// model cannot be mounted here (ModelVolumeUnsupported), or
+--              its s3:// or hf:// model cannot be fetched (ModelFetchFailed: a missing
+--              object, refused credentials; the kubelet keeps retrying meanwhile).
 -- The message is the deciding condition's message.
 --
 -- Written for Argo CD's Lua 5.1 (gopher-lua) and runs unchanged on Lua 5.4.
@@ -76,6 +78,7 @@ local needs_a_fix = {
   TierPolicyInvalid = "The referenced TierPolicy cannot be read by the operator",
   InvalidSpec = "The operator cannot read this pool's spec",
   ModelVolumeUnsupported = "This cluster cannot mount the pool's model image",
+  ModelFetchFailed = "The pool's model cannot be fetched",
 }
 local ready = condition(status, "Ready")
 if ready ~= nil and ready.status == "False" and needs_a_fix[ready.reason] ~= nil then

@@ -29,6 +29,10 @@ pub mod reasons {
     /// The model is an OCI image (`oci://`) and this cluster cannot mount image volumes (the
     /// message names the version or the gate, and the fix); nothing is applied.
     pub const MODEL_VOLUME_UNSUPPORTED: &str = "ModelVolumeUnsupported";
+    /// The fetch step (`tidegate-engine fetch-model`, the init container) failed for a
+    /// fetched model (`s3://`, `hf://`): the message names the URI and the cause (a missing
+    /// object, refused credentials, a checksum that does not match).
+    pub const MODEL_FETCH_FAILED: &str = "ModelFetchFailed";
     // MetricsAvailable
     pub const METRICS_FRESH: &str = "MetricsFresh";
     pub const METRICS_UNREACHABLE: &str = "MetricsUnreachable";

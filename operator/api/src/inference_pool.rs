@@ -204,6 +204,16 @@ pub struct LocalObjectReference {
 /// The model: the name clients ask for and where the weights are.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize, JsonSchema)]
 #[serde(rename_all = "camelCase")]
+#[schemars(extend("x-kubernetes-validations" = [
+    {
+        "rule": "!has(self.source) || self.uri.startsWith('s3://') || self.uri.startsWith('hf://')",
+        "message": "model.source is for fetched models only (uri s3://… or hf://…)"
+    },
+    {
+        "rule": "!has(self.source) || !has(self.source.region) || self.uri.startsWith('s3://')",
+        "message": "model.source.region is for s3:// models only"
+    }
+]))]
 pub struct ModelSpec {
     /// Name clients send in the OpenAI `model` field, e.g. `llama-3.1-8b-instruct`.
     #[schemars(
@@ -211,17 +221,25 @@ pub struct ModelSpec {
         regex(pattern = r"^[A-Za-z0-9][A-Za-z0-9._:/-]*$")
     )]
     pub name: String,
-    /// Where the weights are: a path inside the pod (`file:///models/llama`), a volume the
-    /// engine mounts (`pvc://CLAIM/PATH`), or an OCI image whose files are the model, mounted
-    /// as an image volume (`oci://REGISTRY/NAME:TAG` or `@sha256:DIGEST`; Kubernetes 1.33+
-    /// with the ImageVolume feature, GA in 1.36). Nothing is downloaded by the engine.
+    /// Where the weights are. Read in place: a path inside the pod (`file:///models/llama`),
+    /// a volume the engine mounts (`pvc://CLAIM/PATH`), or an OCI image whose files are the
+    /// model, mounted as an image volume (`oci://REGISTRY/NAME:TAG` or `@sha256:DIGEST`;
+    /// Kubernetes 1.33+ with the ImageVolume feature, GA in 1.36). Fetched before the engine
+    /// starts (an init container downloads, verifies and caches them; see source):
+    /// `s3://BUCKET/PREFIX` (every object under the prefix, from any S3-compatible store) or
+    /// `hf://ORG/NAME[@REVISION]` (a Hugging Face model repository, from its cache layout
+    /// first, then the hub).
     #[schemars(
         length(min = 1, max = 1024),
         regex(
-            pattern = r"^((file|pvc)://.+|oci://[^\s/][^\s]*(:[A-Za-z0-9_][A-Za-z0-9_.-]*|@sha256:[a-f0-9]{64}))$"
+            pattern = r"^((file|pvc)://.+|oci://[^\s/][^\s]*(:[A-Za-z0-9_][A-Za-z0-9_.-]*|@sha256:[a-f0-9]{64})|s3://[a-z0-9][a-z0-9.-]{1,61}[a-z0-9](/[^\s]*)?|hf://[A-Za-z0-9][A-Za-z0-9_.-]*/[A-Za-z0-9][A-Za-z0-9_.-]*(@[A-Za-z0-9_./-]+)?)$"
         )
     )]
     pub uri: String,
+    /// Where and with what a fetched model (`s3://`, `hf://`) is read: the credentials
+    /// Secret, the endpoint, the region, the cache volume's size.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub source: Option<ModelSource>,
     /// Weight format. Auto detects it from the files found at uri.
     #[serde(default)]
     pub format: ModelFormat,
@@ -230,6 +248,36 @@ pub struct ModelSpec {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schemars(range(min = 128, max = 1048576))]
     pub max_context_tokens: Option<i32>,
+}
+
+/// Where a fetched model (`s3://`, `hf://`) is read from, and with which credentials.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct ModelSource {
+    /// A Secret in the pool's namespace holding the credentials, under the names the
+    /// stores' own tools use: for `s3://`, `AWS_ACCESS_KEY_ID` and `AWS_SECRET_ACCESS_KEY`
+    /// (and optionally `AWS_SESSION_TOKEN`); for `hf://`, `HF_TOKEN`. Without it, S3 uses the
+    /// pod's ambient identity (web identity, instance metadata) and the hub is asked
+    /// anonymously.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(
+        length(min = 1, max = 253),
+        regex(pattern = r"^[a-z0-9]([-a-z0-9.]*[a-z0-9])?$")
+    )]
+    pub credentials_secret: Option<String>,
+    /// For `s3://`: the S3-compatible store's URL (`https://s3.example.com`; path-style
+    /// requests), absent for AWS S3 itself. For `hf://`: a hub mirror, absent for the hub.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(max = 1024), regex(pattern = r"^https?://[^\s]+$"))]
+    pub endpoint: Option<String>,
+    /// For `s3://`: the bucket's region (default `us-east-1`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(min = 1, max = 64), regex(pattern = r"^[a-z0-9-]+$"))]
+    pub region: Option<String>,
+    /// Size limit of the pod's model cache volume (an emptyDir), e.g. `20Gi`; absent: no
+    /// limit. The model is fetched once per pod and kept across container restarts.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cache_size: Option<Quantity>,
 }
 
 /// Weight file format.

@@ -11,8 +11,10 @@ pub mod engine_admin;
 pub mod engine_launch;
 pub mod engine_metrics;
 pub mod exposition;
+pub mod fetch_launch;
 pub mod inference_pool;
 mod launch_args;
+pub mod model_uri;
 pub mod quantity;
 pub mod router;
 #[cfg(feature = "kube")]

@@ -42,6 +42,7 @@ fn workload(replicas: Option<i32>, endpoints: &[(&str, bool)]) -> WorkloadState 
         endpoints,
         selector: "pool=p".into(),
         routers: Vec::new(),
+        model_problem: None,
     }
 }
 

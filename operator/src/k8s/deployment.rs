@@ -32,9 +32,12 @@ use tidegate_api::InferencePoolSpec;
 use tidegate_api::engine_launch::{
     self as launch, EnvValue, LaunchError, LaunchSite, engine_launch,
 };
+use tidegate_api::fetch_launch;
+use tidegate_api::model_uri::ModelUri;
 
 use super::{
-    ADMIN_PORT, ADMIN_TOKEN_KEY, HTTP_PORT, admin_secret_name, common_labels, selector_labels,
+    ADMIN_PORT, ADMIN_TOKEN_KEY, HTTP_PORT, admin_secret_name, common_labels, model_fetch,
+    selector_labels,
 };
 
 /// Seconds the preStop hook waits so that endpoints drop the pod before SIGTERM.
@@ -43,6 +46,13 @@ pub const PRESTOP_SLEEP_SECONDS: i64 = 5;
 pub const TERMINATION_MARGIN_SECONDS: i64 = 10;
 /// Where a `pvc://` model volume is mounted.
 pub const MODEL_MOUNT: &str = "/model";
+/// Where the model cache volume (an emptyDir the fetch step fills) is mounted: read-write in
+/// the `fetch-model` init container, read-only in the engine.
+pub const MODEL_CACHE_MOUNT: &str = "/var/cache/tidegate/models";
+/// The init container that fetches an `s3://` or `hf://` model.
+pub const FETCH_CONTAINER: &str = "fetch-model";
+/// Where a container's termination message is read from (the Kubernetes default).
+pub const TERMINATION_MESSAGE_PATH: &str = "/dev/termination-log";
 /// Where the disk KV-offload emptyDir is mounted.
 pub const KV_OFFLOAD_MOUNT: &str = "/var/cache/tidegate/kv";
 /// Non-root uid/gid the engine runs as.
@@ -52,7 +62,7 @@ pub const ENGINE_UID: i64 = 65532;
 #[derive(Debug, thiserror::Error)]
 pub enum BadPoolSpec {
     #[error(
-        "spec.model.uri {0:?}: expected file:///PATH, pvc://CLAIM/PATH or oci://IMAGE:TAG (or @sha256:DIGEST) in a cluster (a relative file:// path is for local mode)"
+        "spec.model.uri {0:?}: expected file:///PATH, pvc://CLAIM/PATH, oci://IMAGE:TAG (or @sha256:DIGEST), s3://BUCKET/PREFIX or hf://ORG/NAME[@REVISION] in a cluster (a relative file:// path is for local mode)"
     )]
     ModelUri(String),
     #[error(transparent)]
@@ -68,6 +78,8 @@ pub struct ModelLocation {
     pub claim: Option<String>,
     /// An OCI image whose files are mounted read-only at MODEL_MOUNT (an image volume).
     pub image: Option<String>,
+    /// Fetched into the model cache volume by the `fetch-model` init container.
+    pub fetched: bool,
 }
 
 /// Parses spec.model.uri: `file:///models/x` → path `/models/x`; `pvc://claim/sub/dir` →
@@ -77,6 +89,19 @@ pub struct ModelLocation {
 /// untagged one means `:latest`, which the kubelet pulls every time.
 pub fn model_location(uri: &str) -> Result<ModelLocation, BadPoolSpec> {
     let bad = || BadPoolSpec::ModelUri(uri.to_string());
+    if let Ok(kind) = ModelUri::parse(uri)
+        && kind.is_fetched()
+    {
+        return Ok(ModelLocation {
+            path: fetch_launch::model_dest(MODEL_CACHE_MOUNT, uri),
+            claim: None,
+            image: None,
+            fetched: true,
+        });
+    }
+    if uri.starts_with("s3://") || uri.starts_with("hf://") {
+        return Err(bad());
+    }
     if let Some(path) = uri.strip_prefix("file://") {
         if !path.starts_with('/') || path.len() < 2 {
             return Err(bad());
@@ -85,6 +110,7 @@ pub fn model_location(uri: &str) -> Result<ModelLocation, BadPoolSpec> {
             path: path.to_string(),
             claim: None,
             image: None,
+            fetched: false,
         });
     }
     if let Some(reference) = uri.strip_prefix("oci://") {
@@ -97,6 +123,7 @@ pub fn model_location(uri: &str) -> Result<ModelLocation, BadPoolSpec> {
             path: MODEL_MOUNT.to_string(),
             claim: None,
             image: Some(reference.to_string()),
+            fetched: false,
         });
     }
     if let Some(rest) = uri.strip_prefix("pvc://") {
@@ -114,6 +141,7 @@ pub fn model_location(uri: &str) -> Result<ModelLocation, BadPoolSpec> {
             path,
             claim: Some(claim.to_string()),
             image: None,
+            fetched: false,
         });
     }
     Err(bad())
@@ -338,6 +366,18 @@ pub fn pod_template(pool: &str, spec: &InferencePoolSpec) -> Result<PodTemplateS
         volumes.push(empty_dir("kv-offload", Some(&disk.0)));
         mounts.push(mount("kv-offload", KV_OFFLOAD_MOUNT, false));
     }
+    let fetch = model_fetch::pod_fetch(spec)?;
+    if fetch.is_some() {
+        volumes.push(model_fetch::cache_volume(spec));
+        mounts.push(mount(
+            model_fetch::MODEL_CACHE_VOLUME,
+            MODEL_CACHE_MOUNT,
+            true,
+        ));
+    }
+    let init_containers = fetch
+        .as_ref()
+        .map(|f| vec![model_fetch::fetch_container(spec, f)]);
     let container = Container {
         name: "engine".to_string(),
         image: Some(spec.engine.image.clone()),
@@ -380,6 +420,7 @@ pub fn pod_template(pool: &str, spec: &InferencePoolSpec) -> Result<PodTemplateS
             ..ObjectMeta::default()
         }),
         spec: Some(PodSpec {
+            init_containers,
             containers: vec![container],
             volumes: Some(volumes),
             security_context: Some(pod_security_context()),

@@ -31,6 +31,7 @@ pub mod leader;
 pub mod lenient;
 pub mod manager;
 pub mod metrics;
+pub mod model_fetch;
 pub mod objects;
 pub mod owners;
 pub mod render;

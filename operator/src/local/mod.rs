@@ -124,6 +124,7 @@ pub async fn run(args: LocalArgs) -> anyhow::Result<()> {
         // Local mode stops its engines when it ends: nothing to adopt.
         engine_book: None,
         routers_file: None,
+        secrets: manifests.secrets.clone(),
     });
     let driver = Driver::new(
         runtime,

@@ -48,6 +48,7 @@ impl WorkloadRuntime for Fake {
             endpoints: engines.unwrap_or_default(),
             routers: Vec::new(),
             selector: format!("pool={}", pool.name),
+            model_problem: None,
         })
     }
 

@@ -232,6 +232,7 @@ fn workload_of(pool: &Pool) -> WorkloadState {
         endpoints,
         routers: Vec::new(),
         selector: String::new(),
+        model_problem: None,
     }
 }
 

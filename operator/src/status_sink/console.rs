@@ -10,6 +10,8 @@ use std::sync::Mutex;
 use std::time::Instant;
 
 use tidegate_api::AdmissionState;
+use tidegate_api::conditions::types;
+use tidegate_api::status::InferencePoolStatus;
 use tracing::info;
 
 use crate::plan::EventPlan;
@@ -102,10 +104,32 @@ impl StatusSink for ConsoleSink {
         for e in &r.plan.events {
             println!("{}", event_line(r.pool, e));
         }
+        if let Some(line) = ready_change(r) {
+            println!("{line}");
+        }
         info!(pool = %r.pool, decision = %r.plan.explanation, "tick");
         // Every tick is shown: the console has no write to save.
         Ok(StatusWrite::Changed)
     }
+}
+
+/// The Ready condition under the table when it changed, e.g. `    local/demo condition
+/// Ready=False ModelFetchFailed: …`: what a cluster's status says, where a person reads it.
+fn ready_change(r: &PoolReport<'_>) -> Option<String> {
+    let find = |s: &InferencePoolStatus| {
+        s.conditions
+            .iter()
+            .find(|c| c.type_ == types::READY)
+            .map(|c| (c.status.clone(), c.reason.clone(), c.message.clone()))
+    };
+    let now = find(r.status)?;
+    if r.previous.and_then(find).as_ref() == Some(&now) {
+        return None;
+    }
+    Some(format!(
+        "    {} condition Ready={} {}: {}",
+        r.pool, now.0, now.1, now.2
+    ))
 }
 
 /// An event under the table, e.g. `    local/demo event Normal ScaledUp: 1 → 2 replicas: …`.

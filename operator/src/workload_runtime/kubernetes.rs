@@ -32,6 +32,7 @@ use tidegate_api::InferencePoolSpec;
 use tracing::{debug, info};
 
 use crate::k8s::cache::Caches;
+use crate::k8s::model_fetch;
 use crate::k8s::owners::OwnerBook;
 use crate::k8s::{
     ADMIN_PORT, ADMIN_TOKEN_KEY, HTTP_PORT, ROUTER_ADMIN_PORT, ROUTER_HTTP_PORT, admin_secret_name,
@@ -183,6 +184,7 @@ impl WorkloadRuntime for K8sRuntime {
             endpoints,
             routers,
             selector,
+            model_problem: model_fetch::fetch_failure(engine_pods.iter().map(|p| p.as_ref())),
         })
     }
 

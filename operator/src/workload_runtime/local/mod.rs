@@ -15,6 +15,7 @@
 //! adopted, is killed when the runtime is dropped, so no engine outlives a clean shutdown.
 
 pub mod engine_book;
+pub mod model_fetch;
 mod process;
 mod router_process;
 
@@ -24,11 +25,14 @@ use std::time::Duration;
 
 use tidegate_api::InferencePoolSpec;
 use tidegate_api::engine_launch::{EnvValue, LaunchSite, READYZ_PATH, engine_launch};
+use tidegate_api::fetch_launch::model_dest;
+use tidegate_api::model_uri::ModelUri;
 use tokio::sync::Mutex;
 use tracing::{info, warn};
 
 use crate::ports::{Endpoint, PoolRef, RuntimeError, WorkloadRuntime, WorkloadState};
 use engine_book::{EngineBook, PoolEntry, ReplicaEntry};
+use model_fetch::{Fetch, FetchContext, LocalSecrets};
 pub use process::LocalCommand;
 use process::{Process, ProcessState, spawn_logged};
 
@@ -54,6 +58,8 @@ pub struct LocalRuntimeConfig {
     /// When set, each pool's router URL is written here (`[{namespace, pool, url}]`): the
     /// pool's front door, for clients and tests.
     pub routers_file: Option<PathBuf>,
+    /// Secrets from the manifest files, for the model fetch step's credentials.
+    pub secrets: LocalSecrets,
 }
 
 struct Replica {
@@ -72,6 +78,8 @@ struct LocalPool {
     replicas: Vec<Replica>,
     /// The pool's router (started at the first apply).
     router: Option<Replica>,
+    /// The model fetch step (`s3://`, `hf://` models): engines start once it succeeded.
+    fetch: Fetch,
 }
 
 /// Engine processes on this machine.
@@ -166,10 +174,42 @@ impl LocalRuntime {
         Ok(())
     }
 
+    /// The state folder's model cache, where fetched models land.
+    fn model_cache(&self) -> PathBuf {
+        let state = self.cfg.log_dir.parent().unwrap_or(&self.cfg.log_dir);
+        state.join("models")
+    }
+
+    /// Whether the pool's model is in place (always, for a `file://` model); starts its
+    /// fetch step when it is due.
+    fn model_ready(
+        &self,
+        pool: &PoolRef,
+        p: &mut LocalPool,
+        spec: &InferencePoolSpec,
+    ) -> Result<bool, RuntimeError> {
+        let cache = self.model_cache();
+        let cx = FetchContext {
+            engine_bin: &self.cfg.engine_bin,
+            cache_dir: &cache,
+            log_dir: &self.cfg.log_dir,
+            secrets: &self.cfg.secrets,
+        };
+        std::fs::create_dir_all(&self.cfg.log_dir)
+            .map_err(|e| RuntimeError(format!("log dir: {e}")))?;
+        p.fetch.ready(pool, spec, &cx)
+    }
+
     fn model_path(&self, spec: &InferencePoolSpec) -> Result<PathBuf, RuntimeError> {
         let uri = &spec.model.uri;
+        if ModelUri::parse(uri).is_ok_and(|k| k.is_fetched()) {
+            let cache = self.model_cache();
+            return Ok(PathBuf::from(model_dest(&cache.to_string_lossy(), uri)));
+        }
         let path = uri.strip_prefix("file://").ok_or_else(|| {
-            RuntimeError(format!("local mode serves file:// models only, not {uri}"))
+            RuntimeError(format!(
+                "local mode serves file://, s3:// and hf:// models, not {uri}"
+            ))
         })?;
         let p = Path::new(path);
         Ok(if p.is_absolute() {
@@ -416,6 +456,7 @@ fn adopt(cfg: &mut LocalRuntimeConfig, book: EngineBook) -> HashMap<PoolRef, Loc
                 next_index: entry.next_index,
                 replicas,
                 router,
+                fetch: Fetch::default(),
             },
         );
     }
@@ -505,8 +546,10 @@ impl WorkloadRuntime for LocalRuntime {
             }
         });
         p.desired -= retired;
-        // Replace what crashed, as a ReplicaSet would.
-        if let Some(spec) = p.spec.clone() {
+        // Replace what crashed, as a ReplicaSet would (once the model is in place).
+        if let Some(spec) = p.spec.clone()
+            && self.model_ready(pool, p, &spec)?
+        {
             while (p.replicas.len() as i32) < p.desired {
                 let index = p.next_index;
                 p.next_index += 1;
@@ -545,12 +588,14 @@ impl WorkloadRuntime for LocalRuntime {
         self.write_book().await;
         let pools = self.pools.lock().await;
         let desired = pools.get(pool).map_or(0, |p| p.desired);
+        let model_problem = pools.get(pool).and_then(|p| p.fetch.problem());
         Ok(WorkloadState {
             replicas: Some(desired),
             ready_replicas: endpoints.iter().filter(|e| e.ready).count() as i32,
             endpoints,
             routers,
             selector: format!("tidegate.dev/pool={}", pool.name),
+            model_problem,
         })
     }
 
@@ -576,7 +621,9 @@ impl WorkloadRuntime for LocalRuntime {
             info!(pool = %pool, replica = %r.name, "removing engine (SIGTERM, drain)");
             stop_replica(r, grace);
         }
-        while (p.replicas.len() as i32) < replicas {
+        // Engines start once the model is in place; until then observe() keeps asking.
+        let model_ready = self.model_ready(pool, p, spec)?;
+        while model_ready && (p.replicas.len() as i32) < replicas {
             let index = p.next_index;
             p.next_index += 1;
             let r = self.spawn(pool, spec, index)?;

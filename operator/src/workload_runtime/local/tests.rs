@@ -39,6 +39,7 @@ fn config(book: &Path) -> LocalRuntimeConfig {
         file_sd_path: None,
         engine_book: Some(book.to_path_buf()),
         routers_file: None,
+        secrets: Default::default(),
     }
 }
 
