@@ -143,113 +143,134 @@ impl AdmissionMachine {
         pressure: Option<&Pressure>,
         may_act: bool,
     ) -> AdmissionPlan {
-        let pausable: Vec<String> = tiers
-            .map(|t| {
-                t.pause_order()
-                    .into_iter()
-                    .filter(|tier| tier.admission.pausable)
-                    .map(|tier| tier.name.clone())
-                    .collect()
-            })
-            .unwrap_or_default();
-        let pause_after = spec.admission.pause_after.as_std().as_millis() as u64;
-        let hold = spec.admission.hold_time.as_std().as_millis() as u64;
-
+        let pausable = pausable_tiers(tiers);
         if !may_act || pausable.is_empty() {
             if self.state != AdmissionState::Open {
-                self.open(
-                    now,
-                    if pausable.is_empty() {
-                        "no pausable tier"
-                    } else {
-                        "admission control is off"
-                    },
-                );
+                let why = if pausable.is_empty() {
+                    "no pausable tier"
+                } else {
+                    "admission control is off"
+                };
+                self.open(now, why);
             }
-            self.over_since = None;
-            self.under_since = None;
+            self.stop_timers();
             return self.plan();
         }
-
         let Some(p) = pressure else {
             // Fail static: no timers run on missing data, nothing changes.
-            self.over_since = None;
-            self.under_since = None;
+            self.stop_timers();
             return self.plan();
         };
         // Drop tiers that no longer exist or are no longer pausable.
         self.paused.retain(|t| pausable.contains(t));
-
-        let constrained = constraint != Constraint::None;
-        let over = constrained && p.over_pause(spec);
-        let under = p.under_resume(spec) || !constrained && !p.over_pause(spec);
-        self.over_since = if over {
-            Some(self.over_since.unwrap_or(now))
-        } else {
-            None
-        };
-        self.under_since = if under {
-            Some(self.under_since.unwrap_or(now))
-        } else {
-            None
-        };
-
+        let over = self.run_timers(spec, now, constraint, p);
         match self.state {
-            AdmissionState::Open => {
-                let waited = match constraint {
-                    Constraint::Arriving => Duration::ZERO,
-                    _ => spec.admission.pause_after,
-                };
-                if let Some(since) = self.over_since
-                    && now.saturating_sub(since) >= waited.as_std().as_millis() as u64
-                {
-                    self.state = AdmissionState::PausedNewTenants;
-                    self.since = Some(now);
-                    self.last_escalation = Some(now);
-                    self.paused = vec![pausable[0].clone()];
-                    let lasted = match constraint {
-                        Constraint::Arriving => String::new(),
-                        _ => format!(" for {waited}"),
-                    };
-                    self.reason = format!(
-                        "over the SLO {}{lasted}: {}; pausing new tenants of tier {}",
-                        constraint.words(),
-                        p.words(spec),
-                        pausable[0]
-                    );
-                }
-            }
+            AdmissionState::Open => self.maybe_pause(spec, now, constraint, p, &pausable),
             AdmissionState::PausedNewTenants => {
-                if let Some(since) = self.under_since
-                    && now.saturating_sub(since) >= hold
-                {
-                    let why = format!(
-                        "under the resume threshold for {}: {}",
-                        spec.admission.hold_time,
-                        p.words(spec)
-                    );
-                    self.open(now, &why);
-                    return self.plan();
-                }
-                let escalate_due = self
-                    .last_escalation
-                    .is_none_or(|t| now.saturating_sub(t) >= pause_after);
-                if over && escalate_due && self.paused.len() < pausable.len() {
-                    let next = pausable[self.paused.len()].clone();
-                    self.paused.push(next.clone());
-                    self.last_escalation = Some(now);
-                    self.reason = format!(
-                        "still over the SLO {}: {}; also pausing new tenants of tier {next}",
-                        constraint.words(),
-                        p.words(spec)
-                    );
-                }
-                if self.paused.is_empty() {
-                    self.paused.push(pausable[0].clone());
-                }
+                self.maybe_resume_or_escalate(spec, now, constraint, p, &pausable, over)
             }
         }
         self.plan()
+    }
+
+    fn stop_timers(&mut self) {
+        self.over_since = None;
+        self.under_since = None;
+    }
+
+    /// Starts or stops the "over the pause threshold" and "under the resume threshold"
+    /// timers from this tick's pressure; returns whether the pool is over now.
+    fn run_timers(
+        &mut self,
+        spec: &InferencePoolSpec,
+        now: Millis,
+        constraint: Constraint,
+        p: &Pressure,
+    ) -> bool {
+        let constrained = constraint != Constraint::None;
+        let over = constrained && p.over_pause(spec);
+        let under = p.under_resume(spec) || !constrained && !p.over_pause(spec);
+        self.over_since = over.then(|| self.over_since.unwrap_or(now));
+        self.under_since = under.then(|| self.under_since.unwrap_or(now));
+        over
+    }
+
+    /// Open: pause the first pausable tier once the pool has been over for `pauseAfter`
+    /// (at once when the constraint is arriving demand the pool cannot grow into).
+    fn maybe_pause(
+        &mut self,
+        spec: &InferencePoolSpec,
+        now: Millis,
+        constraint: Constraint,
+        p: &Pressure,
+        pausable: &[String],
+    ) {
+        let waited = match constraint {
+            Constraint::Arriving => Duration::ZERO,
+            _ => spec.admission.pause_after,
+        };
+        let Some(since) = self.over_since else {
+            return;
+        };
+        if now.saturating_sub(since) < waited.as_std().as_millis() as u64 {
+            return;
+        }
+        self.state = AdmissionState::PausedNewTenants;
+        self.since = Some(now);
+        self.last_escalation = Some(now);
+        self.paused = vec![pausable[0].clone()];
+        let lasted = match constraint {
+            Constraint::Arriving => String::new(),
+            _ => format!(" for {waited}"),
+        };
+        self.reason = format!(
+            "over the SLO {}{lasted}: {}; pausing new tenants of tier {}",
+            constraint.words(),
+            p.words(spec),
+            pausable[0]
+        );
+    }
+
+    /// Paused: reopen after `holdTime` under the resume threshold; while still over, pause
+    /// the next pausable tier at most once per `pauseAfter`.
+    fn maybe_resume_or_escalate(
+        &mut self,
+        spec: &InferencePoolSpec,
+        now: Millis,
+        constraint: Constraint,
+        p: &Pressure,
+        pausable: &[String],
+        over: bool,
+    ) {
+        let hold = spec.admission.hold_time.as_std().as_millis() as u64;
+        if let Some(since) = self.under_since
+            && now.saturating_sub(since) >= hold
+        {
+            let why = format!(
+                "under the resume threshold for {}: {}",
+                spec.admission.hold_time,
+                p.words(spec)
+            );
+            self.open(now, &why);
+            return;
+        }
+        let pause_after = spec.admission.pause_after.as_std().as_millis() as u64;
+        let escalate_due = self
+            .last_escalation
+            .is_none_or(|t| now.saturating_sub(t) >= pause_after);
+        if over && escalate_due && self.paused.len() < pausable.len() {
+            let next = pausable[self.paused.len()].clone();
+            self.paused.push(next.clone());
+            self.last_escalation = Some(now);
+            self.reason = format!(
+                "still over the SLO {}: {}; also pausing new tenants of tier {next}",
+                constraint.words(),
+                p.words(spec)
+            );
+        }
+        if self.paused.is_empty() {
+            self.paused.push(pausable[0].clone());
+        }
     }
 
     fn open(&mut self, now: Millis, why: &str) {
@@ -343,4 +364,17 @@ pub(super) fn capacity_arriving(
     let since = *watch.short_of_ready_since.get_or_insert(obs.now);
     let grace = spec.engine.startup_grace_period.as_std().as_millis();
     spec.admission.pause_while_scaling && u128::from(obs.now.saturating_sub(since)) < grace
+}
+
+/// The tiers that may be paused, in the order they are paused (lowest first).
+fn pausable_tiers(tiers: Option<&TierPolicySpec>) -> Vec<String> {
+    tiers
+        .map(|t| {
+            t.pause_order()
+                .into_iter()
+                .filter(|tier| tier.admission.pausable)
+                .map(|tier| tier.name.clone())
+                .collect()
+        })
+        .unwrap_or_default()
 }
