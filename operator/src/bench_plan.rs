@@ -69,38 +69,7 @@ pub fn run(args: &BenchPlanArgs) -> anyhow::Result<()> {
     for tick in 0..args.ticks {
         now += 15_000;
         for i in 0..args.pools {
-            let phase = (tick as f64 / 20.0 + i as f64 / 7.0).sin() * 0.5 + 0.5;
-            let sessions = 10.0 + phase * 60.0 * f64::from(specs[i].replicas.max);
-            let slots = f64::from(replicas[i]) * 50.0;
-            let running = sessions.min(slots);
-            let waiting = (sessions - running).max(0.0);
-            let obs = Observation {
-                now,
-                current_replicas: replicas[i],
-                ready_replicas: replicas[i],
-                metrics: Ok(PoolMetrics {
-                    decode_tokens_per_second: running * 20.0,
-                    step_samples: vec![
-                        StepSample {
-                            batch: running / f64::from(replicas[i].max(1)),
-                            itl_seconds: 0.02 + 0.0005 * running / f64::from(replicas[i].max(1)),
-                        };
-                        replicas[i].max(0) as usize
-                    ],
-                    running,
-                    waiting,
-                    queue_wait_p99_seconds: Some(if waiting > 0.0 { 2.0 } else { 0.1 }),
-                    kv_utilization: running / slots.max(1.0),
-                    evictions_per_second: 0.0,
-                    overload_refusals_per_second: 0.0,
-                    requests_finished_per_second: running / 30.0,
-                    waiting_growth_per_second: 0.0,
-                    pods_reporting: replicas[i],
-                    sampled_at: now,
-                }),
-                held_requests: 0,
-                router_queued: 0,
-            };
+            let obs = observation(now, tick, i, specs[i].replicas.max, replicas[i]);
             let t0 = Instant::now();
             let p = plan::plan(&specs[i], tiers.as_ref(), &obs, &mut states[i]);
             let t1 = Instant::now();
@@ -132,6 +101,62 @@ pub fn run(args: &BenchPlanArgs) -> anyhow::Result<()> {
         (Some(a), Some(b)) => Some(b.saturating_sub(a)),
         _ => None,
     };
+    report(args, plan_times, reconcile_times, wall, cpu);
+    Ok(())
+}
+
+/// One pool's observation on a tick: a tide of sessions (a sine per pool, out of phase)
+/// against what `replicas` engines of 50 slots hold.
+fn observation(
+    now: u64,
+    tick: usize,
+    pool: usize,
+    max_replicas: i32,
+    replicas: i32,
+) -> Observation {
+    let phase = (tick as f64 / 20.0 + pool as f64 / 7.0).sin() * 0.5 + 0.5;
+    let sessions = 10.0 + phase * 60.0 * f64::from(max_replicas);
+    let slots = f64::from(replicas) * 50.0;
+    let running = sessions.min(slots);
+    let waiting = (sessions - running).max(0.0);
+    let per_engine = running / f64::from(replicas.max(1));
+    Observation {
+        now,
+        current_replicas: replicas,
+        ready_replicas: replicas,
+        metrics: Ok(PoolMetrics {
+            decode_tokens_per_second: running * 20.0,
+            step_samples: vec![
+                StepSample {
+                    batch: per_engine,
+                    itl_seconds: 0.02 + 0.0005 * per_engine,
+                };
+                replicas.max(0) as usize
+            ],
+            running,
+            waiting,
+            queue_wait_p99_seconds: Some(if waiting > 0.0 { 2.0 } else { 0.1 }),
+            kv_utilization: running / slots.max(1.0),
+            evictions_per_second: 0.0,
+            overload_refusals_per_second: 0.0,
+            requests_finished_per_second: running / 30.0,
+            waiting_growth_per_second: 0.0,
+            pods_reporting: replicas,
+            sampled_at: now,
+        }),
+        held_requests: 0,
+        router_queued: 0,
+    }
+}
+
+/// Prints the percentiles, the CPU per reconcile and whether the goal was met.
+fn report(
+    args: &BenchPlanArgs,
+    mut plan_times: Vec<Duration>,
+    mut reconcile_times: Vec<Duration>,
+    wall: Duration,
+    cpu: Option<Duration>,
+) {
     plan_times.sort();
     reconcile_times.sort();
     let n = plan_times.len().max(1) as u32;
@@ -170,5 +195,4 @@ pub fn run(args: &BenchPlanArgs) -> anyhow::Result<()> {
             "MISSED"
         }
     );
-    Ok(())
 }

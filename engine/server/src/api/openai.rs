@@ -143,24 +143,7 @@ pub fn prepare(
             None,
         ));
     }
-    let (model, common, prompt, max_completion) = match endpoint {
-        Endpoint::Completions => {
-            let req: CompletionRequest = serde_json::from_slice(body).map_err(json_error)?;
-            let prompt = completion_prompt(req.prompt, engine)?;
-            (req.model, req.common, prompt, None)
-        }
-        Endpoint::Chat => {
-            let req: ChatRequest = serde_json::from_slice(body).map_err(json_error)?;
-            let messages = chat_messages(req.messages)?;
-            let text = engine
-                .apply_chat_template(&messages)
-                .map_err(|e| ApiError::invalid(e.to_string(), Some("messages")))?;
-            let prompt = engine
-                .tokenize(&text)
-                .map_err(|e| ApiError::invalid(e.to_string(), Some("messages")))?;
-            (req.model, req.common, prompt, req.max_completion_tokens)
-        }
-    };
+    let (model, common, prompt, max_completion) = parse_body(endpoint, body, engine)?;
     let info = engine.model_info();
     if let Some(model) = &model
         && model != &info.id
@@ -172,16 +155,70 @@ pub fn prepare(
     {
         return Err(ApiError::invalid("Only n = 1 is supported", Some("n")));
     }
-    let max_tokens = match max_completion.or(common.max_tokens) {
-        None => None,
-        Some(v) if v <= 0 => {
-            return Err(ApiError::invalid(
-                format!("max_tokens must be at least 1, got {v}"),
-                Some("max_tokens"),
-            ));
+    let max_tokens = max_tokens(max_completion.or(common.max_tokens))?;
+    let sampling = sampling(&common)?;
+    let stop = stop_strings(common.stop)?;
+    let session_id = session_id(session_header, common.session_id)?;
+    check_context(info.context_length as usize, prompt.len(), max_tokens)?;
+    let stream = common.stream.unwrap_or(false);
+    Ok(Prepared {
+        endpoint,
+        prompt,
+        max_tokens,
+        sampling,
+        stop,
+        stream,
+        include_usage: stream
+            && common
+                .stream_options
+                .and_then(|o| o.include_usage)
+                .unwrap_or(false),
+        ignore_eos: common.ignore_eos.unwrap_or(false),
+        session_id,
+    })
+}
+
+/// A parsed body: its model, common parameters, prompt tokens (a chat's messages rendered by
+/// the model's template) and a chat's `max_completion_tokens`.
+type ParsedBody = (Option<String>, CommonParams, Vec<TokenId>, Option<i64>);
+
+fn parse_body(
+    endpoint: Endpoint,
+    body: &[u8],
+    engine: &dyn Engine,
+) -> Result<ParsedBody, ApiError> {
+    match endpoint {
+        Endpoint::Completions => {
+            let req: CompletionRequest = serde_json::from_slice(body).map_err(json_error)?;
+            let prompt = completion_prompt(req.prompt, engine)?;
+            Ok((req.model, req.common, prompt, None))
         }
-        Some(v) => Some(u32::try_from(v).unwrap_or(u32::MAX)),
-    };
+        Endpoint::Chat => {
+            let req: ChatRequest = serde_json::from_slice(body).map_err(json_error)?;
+            let messages = chat_messages(req.messages)?;
+            let text = engine
+                .apply_chat_template(&messages)
+                .map_err(|e| ApiError::invalid(e.to_string(), Some("messages")))?;
+            let prompt = engine
+                .tokenize(&text)
+                .map_err(|e| ApiError::invalid(e.to_string(), Some("messages")))?;
+            Ok((req.model, req.common, prompt, req.max_completion_tokens))
+        }
+    }
+}
+
+fn max_tokens(asked: Option<i64>) -> Result<Option<u32>, ApiError> {
+    match asked {
+        None => Ok(None),
+        Some(v) if v <= 0 => Err(ApiError::invalid(
+            format!("max_tokens must be at least 1, got {v}"),
+            Some("max_tokens"),
+        )),
+        Some(v) => Ok(Some(u32::try_from(v).unwrap_or(u32::MAX))),
+    }
+}
+
+fn sampling(common: &CommonParams) -> Result<SamplingParams, ApiError> {
     let temperature = common.temperature.unwrap_or(1.0);
     if !(0.0..=2.0).contains(&temperature) {
         return Err(ApiError::invalid(
@@ -196,7 +233,15 @@ pub fn prepare(
             Some("top_p"),
         ));
     }
-    let stop = match common.stop {
+    Ok(SamplingParams {
+        temperature: temperature as f32,
+        top_p: top_p as f32,
+        seed: common.seed.map(|s| s as u64),
+    })
+}
+
+fn stop_strings(stop: Option<Stop>) -> Result<Vec<String>, ApiError> {
+    let stop = match stop {
         None => Vec::new(),
         Some(Stop::One(s)) => vec![s],
         Some(Stop::Many(v)) => v,
@@ -207,9 +252,14 @@ pub fn prepare(
             Some("stop"),
         ));
     }
-    let session_id = session_header
+    Ok(stop)
+}
+
+/// The session: the header wins over the body's field; an empty one is none.
+fn session_id(header: Option<&str>, body: Option<String>) -> Result<Option<String>, ApiError> {
+    let session_id = header
         .map(str::to_string)
-        .or(common.session_id)
+        .or(body)
         .filter(|s| !s.is_empty());
     if let Some(s) = &session_id
         && s.len() > MAX_SESSION_ID
@@ -219,44 +269,27 @@ pub fn prepare(
             Some("session_id"),
         ));
     }
-    let context = info.context_length as usize;
-    if prompt.len() >= context {
+    Ok(session_id)
+}
+
+/// The prompt must leave room for output, and prompt plus `max_tokens` must fit.
+fn check_context(context: usize, prompt: usize, max_tokens: Option<u32>) -> Result<(), ApiError> {
+    if prompt >= context {
         return Err(ApiError::ContextLength(format!(
-            "This model's maximum context length is {context} tokens; the prompt has {} tokens \
-             and leaves no room for output",
-            prompt.len()
+            "This model's maximum context length is {context} tokens; the prompt has {prompt} \
+             tokens and leaves no room for output"
         )));
     }
     if let Some(m) = max_tokens
-        && prompt.len() + m as usize > context
+        && prompt + m as usize > context
     {
         return Err(ApiError::ContextLength(format!(
             "This model's maximum context length is {context} tokens; you requested {} tokens \
-             ({} in the prompt, {m} for the output)",
-            prompt.len() + m as usize,
-            prompt.len()
+             ({prompt} in the prompt, {m} for the output)",
+            prompt + m as usize
         )));
     }
-    let stream = common.stream.unwrap_or(false);
-    Ok(Prepared {
-        endpoint,
-        prompt,
-        max_tokens,
-        sampling: SamplingParams {
-            temperature: temperature as f32,
-            top_p: top_p as f32,
-            seed: common.seed.map(|s| s as u64),
-        },
-        stop,
-        stream,
-        include_usage: stream
-            && common
-                .stream_options
-                .and_then(|o| o.include_usage)
-                .unwrap_or(false),
-        ignore_eos: common.ignore_eos.unwrap_or(false),
-        session_id,
-    })
+    Ok(())
 }
 
 fn completion_prompt(prompt: Prompt, engine: &dyn Engine) -> Result<Vec<TokenId>, ApiError> {
