@@ -46,8 +46,12 @@ log=$(mktemp)
 tail -1 "$log"
 rm -f "$log"
 
-step "the local cluster's components and Helm (cached after the first build)"
-scripts/cluster.sh install
+# scripts/test.sh builds these two in the background instead (TIDEGATE_DEPS_NO_GO_BUILDS=1),
+# while the Rust build and the first tests run.
+if [ -z "${TIDEGATE_DEPS_NO_GO_BUILDS:-}" ]; then
+    step "the local cluster's components and Helm (cached after the first build)"
+    scripts/cluster.sh install
 
-step "SeaweedFS, the S3 server of the model-sources tests (cached after the first build)"
-scripts/seaweedfs.sh install
+    step "SeaweedFS, the S3 server of the model-sources tests (cached after the first build)"
+    scripts/seaweedfs.sh install
+fi
