@@ -145,6 +145,12 @@ first_token() { grep -q '^data: {' "$WORK/stream.txt"; }
 wait_until_quiet() { local t0=$SECONDS; until "$@" || [ $((SECONDS - t0)) -ge 60 ]; do sleep 0.2; done; }
 wait_until_quiet first_token
 # Record the container's exit code as the kubelet reports it, until the pod object is gone.
+# The terminated state can last less than one poll before the pod is removed, so a watch
+# records every update of the pod as well (its last one is the deletion, with that state).
+kubectl -n inference get pod "$victim" -w \
+    -o jsonpath='{.status.containerStatuses[0].state.terminated.exitCode}{"\n"}' \
+    >"$WORK/exit-watch" 2>/dev/null &
+exit_watch_pid=$!
 (
     code=""
     while out=$(kubectl -n inference get pod "$victim" -o jsonpath='{.status.containerStatuses[0].state.terminated.exitCode}' 2>/dev/null); do
@@ -154,11 +160,18 @@ wait_until_quiet first_token
     echo "$code" >"$WORK/exit-code"
 ) &
 watch_pid=$!
+sleep 1
 t0=$SECONDS
 kubectl -n inference delete pod "$victim" --wait=false >/dev/null
 wait "$stream_pid" || true
 wait "$watch_pid" || true
 took=$((SECONDS - t0))
+sleep 1
+kill "$exit_watch_pid" 2>/dev/null || true
+wait "$exit_watch_pid" 2>/dev/null || true
+if [ -z "$(cat "$WORK/exit-code" 2>/dev/null)" ]; then
+    { grep -v '^$' "$WORK/exit-watch" || true; } | tail -1 >"$WORK/exit-code"
+fi
 if tail -3 "$WORK/stream.txt" | grep -q '^data: \[DONE\]'; then
     pass "$drain_pool: a stream in flight when its engine pod was deleted finished ([DONE], $(grep -c '^data: {' "$WORK/stream.txt") chunks)"
 else
