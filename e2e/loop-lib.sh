@@ -115,6 +115,21 @@ start_prometheus() {
     return 1
 }
 
+# register_free_tenant: makes tenant-002 (a free-tier base user of the load) an existing tenant
+# before the load starts: a probe answered 200, then its id in the registry (30 s each). The
+# load's own free-tier users are admitted only if an answer comes before the pause; on a slow
+# machine none did, and check_state_kept then had no existing free tenant to probe.
+register_free_tenant() {
+    local code typ t0=$SECONDS
+    until read -r code typ _ < <(python3 e2e/load.py probe --targets "$TARGETS" --routers "$ROUTERS" --tenant tenant-002 --tier free) &&
+        [ "$code" = 200 ]; do
+        [ $((SECONDS - t0)) -ge 30 ] && { fail "a free-tier tenant admitted before the load" "got $code $typ"; return; }
+        sleep 1
+    done
+    wait_for "a free-tier tenant admitted before the load is in the registry (tenant-002)" 30 free_tenant_registered
+}
+free_tenant_registered() { registry_tenants | grep -qx tenant-002; }
+
 # check_state_kept WHAT NEWCOMER: after WHAT (an operator restart, a leader takeover) the pool
 # is still paused with the same since (SINCE_BEFORE), the registry lost none of
 # TENANTS_BEFORE, an existing tenant of the paused free tier is admitted and NEWCOMER, a new

@@ -155,6 +155,8 @@ check_converges() {
 
 wait_for "an engine comes up and the pool becomes Ready" 120 bash -c "[ \"\$(kubectl -n $NS get inferencepool $POOL -o jsonpath='{.status.conditions[?(@.type==\"Ready\")].status}')\" = True ] && [ \"\$(kubectl -n $NS get inferencepool $POOL -o jsonpath='{.status.readyReplicas}')\" -ge 1 ]"
 
+register_free_tenant
+
 # --- Load from several tenants and tiers; existing tenants first. The tiny model steps in
 # about a millisecond, so how much of the load is in the pool at once is set by how long a
 # request stays there against the client's own time between requests. At 32 tokens a request

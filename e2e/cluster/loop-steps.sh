@@ -6,6 +6,8 @@ wait_for "an engine pod comes up and the pool becomes Ready" 180 bash -c \
 wait_for "Prometheus scrapes the engine pod it discovered" 60 bash -c \
     "curl -sf 'http://127.0.0.1:$PROM_PORT/api/v1/query?query=up%7Bpool%3D%22$POOL%22%7D' | grep -q '\"value\":\\[[0-9.]*,\"1\"\\]'"
 
+register_free_tenant
+
 # ---- Load from several tenants and tiers, through the pool's Service (existing tenants
 # first), as e2e/loop.sh runs it.
 python3 e2e/load.py run --targets "$TARGETS" --routers "$ROUTERS" --out "$WORK/load.json" --users 48 --base-users 9 \
