@@ -6,6 +6,11 @@ wait_for "an engine pod comes up and the pool becomes Ready" 180 bash -c \
 wait_for "Prometheus scrapes the engine pod it discovered" 60 bash -c \
     "curl -sf 'http://127.0.0.1:$PROM_PORT/api/v1/query?query=up%7Bpool%3D%22$POOL%22%7D' | grep -q '\"value\":\\[[0-9.]*,\"1\"\\]'"
 
+# registry_tenants: the tenant ids of the pool's registry ConfigMap, one a line.
+registry_tenants() {
+    kubectl -n "$NS" get configmap "$POOL-tenants" -o jsonpath='{.binaryData.registry\.bin}' 2>/dev/null \
+        | base64 -d | python3 e2e/registry_tenants.py -
+}
 register_free_tenant
 
 # ---- Load from several tenants and tiers, through the pool's Service (existing tenants
@@ -30,10 +35,6 @@ check_paused_admission "through the Service"
 # ---- The operator's pod deleted while the pool is paused and scaling to a raised ceiling:
 # the Deployment's next pod takes the Lease, adopts the pool as it is, keeps the admission
 # state, its since and every tenant of the registry, and converges without a reversal.
-registry_tenants() {
-    kubectl -n "$NS" get configmap "$POOL-tenants" -o jsonpath='{.binaryData.registry\.bin}' 2>/dev/null \
-        | base64 -d | python3 e2e/registry_tenants.py -
-}
 wait_for "paused for new tenants before the operator's pod is deleted" 60 is '{.status.admission.state}' PausedNewTenants
 SINCE_BEFORE=$(jp '{.status.admission.since}')
 TENANTS_BEFORE=$(registry_tenants | sort)
