@@ -16,6 +16,8 @@
 #      a chat completion through each pool's ClusterIP Service answered by an engine
 #      (x-tidegate-engine), cluster DNS from a pod, the engine's KV pool sized within its
 #      cgroup limit, an engine pod deleted with a stream in flight (drained, exit 0);
+#   4b. a pool whose model is on an S3 server (SeaweedFS on the node's address): fetched by the
+#      engine pod's init container and served; a wrong key gives Ready=False ModelFetchFailed;
 #   5. helm upgrade with a changed value: the operator rolls, the pools' pods are untouched;
 #   6. helm uninstall: the pools keep serving (the CRDs stay, as Helm leaves crds/ alone);
 #      deleting a pool removes its objects (owner references); the CRDs deleted last;
@@ -72,6 +74,8 @@ echo "   $(kubectl version 2>/dev/null | tr '\n' ' ')"
 . e2e/cluster/rbac.sh
 # ---- 4. the pools, from pods
 . e2e/cluster/pools.sh
+# ---- 4b. a pool whose model comes from S3
+. e2e/cluster/model-s3.sh
 # ---- 5 and 6. upgrade and uninstall
 . e2e/cluster/lifecycle.sh
 

@@ -7,6 +7,12 @@ to the pool's router, its front door; otherwise to the engines of the Prometheus
 targets file. Tenants are identified with the trusted-gateway headers, and each request
 carries one of three session ids of its tenant (x-session-id). Standard library only.
 
+The run tallies outcomes by status, error type and kind of tenant (existing or new); a
+new_tenant_admission_paused refusal of a tenant the pool had already accepted a request of
+(answered, or refused only after it waited in the pool: queue_timeout, engine_failed) is
+tallied apart, with `/accepted_before`: the pool promises there are none. Each user sends
+one request at a time, so "before" is exact.
+
   load.py run --targets F [--routers R] --out stats.json --users 40 --base-users 8
               --duration 120 --stop-file F [--errors-out errors.txt]
   load.py probe --targets F [--routers R [--pool P]] --tenant T --tier free
@@ -86,6 +92,19 @@ def request(target, tenant, tier, max_tokens, stream=False, timeout=60, session=
     return conn, conn.getresponse()
 
 
+# Refusal codes of a request the pool had accepted (it waited in a queue or reached an engine).
+ACCEPTED_CODES = {"queue_timeout", "engine_failed"}
+
+
+def error_of(data):
+    """The OpenAI error's (type, code) of an answer's body, "unknown" where absent."""
+    try:
+        err = json.loads(data)["error"]
+        return err.get("type") or "unknown", err.get("code") or "unknown"
+    except (ValueError, KeyError, TypeError, AttributeError):
+        return "unknown", "unknown"
+
+
 def tier_of(i):
     return ["enterprise", "standard", "free", "free", "standard", "free"][i % 6]
 
@@ -108,6 +127,7 @@ def run(args):
         existing = i < args.base_users
         tenant = f"tenant-{i:03d}" if existing else f"newcomer-{i:03d}"
         kind = "existing" if existing else "new"
+        accepted = False
         n = 0
         while time.time() - start < args.duration and not os.path.exists(args.stop_file):
             # Existing tenants start at once; newcomers join over the ramp.
@@ -125,14 +145,14 @@ def run(args):
                 data = resp.read()
                 conn.close()
                 if resp.status == 200:
+                    accepted = True
                     count(f"served/{kind}")
                     time.sleep(0.05)
                 else:
-                    try:
-                        typ = json.loads(data)["error"]["type"]
-                    except (ValueError, KeyError, TypeError):
-                        typ = "unknown"
-                    count(f"refused/{resp.status}/{typ}/{kind}")
+                    typ, code = error_of(data)
+                    paused_after = typ == "new_tenant_admission_paused" and accepted
+                    count(f"refused/{resp.status}/{typ}/{kind}" + ("/accepted_before" if paused_after else ""))
+                    accepted = accepted or code in ACCEPTED_CODES or resp.status == 502
                     time.sleep(min(float(resp.getheader("retry-after") or 1), 2))
             except EngineGone:
                 # Nothing was sent, so nothing was lost: try the next engine at once.

@@ -145,8 +145,8 @@ check_state_kept() {
     [ -z "$lost" ] && pass "no tenant lost from the registry ($(echo "$TENANTS_BEFORE" | grep -c .) before $1, $(registry_tenants | grep -c .) after)" ||
         fail "no tenant lost from the registry across $1" "lost: $lost"
     # An existing tenant of the paused free tier: one the registry holds (the load's free-tier
-    # base users are 2, 3, 5 and 8; one whose first answer came after the pause began is not
-    # in the registry, and rightly refused, so the probe takes one that is).
+    # base users are 2, 3, 5 and 8; each is existing from the moment the router accepted one
+    # of its requests, so all that sent one before the pause are in it).
     existing_free=$(registry_tenants | grep -m1 -x -e tenant-002 -e tenant-003 -e tenant-005 -e tenant-008)
     read -r code typ _ < <(python3 e2e/load.py probe --targets "$TARGETS" --routers "$ROUTERS" --tenant "${existing_free:-tenant-002}" --tier free)
     [ "$code" = 200 ] && pass "an existing tenant of a paused tier ($existing_free) is still admitted: 200" ||

@@ -6,7 +6,8 @@
 # Steps: pool min 1 / max 3 → Ready → load from several tenants, through the pool's router →
 # 3 replicas → admission
 # paused (kubectl shows it) → new tenant of a pausable tier 503 with the reason, existing
-# tenant 200 → an engine killed mid-stream (other streams finish, the pool recovers; the load
+# tenant 200, and no tenant the pool had accepted a request of ever refused as new → an
+# engine killed mid-stream (other streams finish, the pool recovers; the load
 # loses no request except those in flight on it) → the operator killed while the pool is paused
 # and scaling to a raised ceiling, and restarted (it adopts the engines, keeps the admission
 # state and its since and every tenant, and converges without a reversal) →
@@ -281,6 +282,18 @@ print(sum(1 for at, _ in lines if not killed - 1 <= float(at) <= killed + 5))
 [ "$stray" = 0 ] && pass "requests lost only on the killed engine ($lost, all within 5 s of the kill)" ||
     fail "requests lost only on the killed engine" "$stray of $lost lost away from the kill: $(cat "$WORK/load-errors.txt")"
 grep -q '"served/existing"' "$WORK/load.json" && pass "existing tenants were served under load" || fail "existing tenants were served under load"
+# Existing means existing: a tenant is existing from the moment the pool accepted one of its
+# requests (into the router's queue or an engine), so no pause refuses it afterwards. The
+# load tallies paused refusals of such tenants apart (`/accepted_before`).
+read -r refused_after refused_paused < <(python3 -c '
+import json, sys
+d = json.load(open(sys.argv[1]))
+paused = {k: v for k, v in d.items() if "/new_tenant_admission_paused/" in k}
+print(sum(v for k, v in paused.items() if k.endswith("/accepted_before")), sum(paused.values()))
+' "$WORK/load.json")
+[ "${refused_after:-x}" = 0 ] &&
+    pass "no tenant the pool had accepted a request of was refused as new ($refused_paused paused refusals, all of tenants never accepted before)" ||
+    fail "no tenant the pool had accepted a request of was refused as new" "$refused_after of $refused_paused paused refusals were of tenants accepted before: $(tr -d '\n ' <"$WORK/load.json")"
 kubectl -n "$NS" get inferencepools | sed 's/^/       | /'
 # --- Scale from zero: a pool at min 0 runs no engine, only its router. One request is held
 # there; the operator reads the held count, scales 0 → 1, and the request is answered.

@@ -31,41 +31,19 @@ trap cleanup EXIT
 # E2E_KEEP=1 keeps the work folder (logs, state) for a look after a failure.
 [ "${E2E_KEEP:-}" = 1 ] && trap 'for p in "${PIDS[@]}"; do kill "$p" 2>/dev/null; done; echo "kept $WORK"' EXIT
 
-ACCESS=tidegate-e2e
-SECRET=tidegate-e2e-secret-key
-REGION=us-east-1
-
 echo "== model sources: s3:// from SeaweedFS, hf:// from a Hugging Face cache"
 build_binaries "$PROFILE" || exit 1
 BIN="$TARGET/$PROFILE"
 WEED=$(scripts/seaweedfs.sh path) || { fail "SeaweedFS builds"; summary; exit 1; }
 
 # --- the S3 server: weed server (master, volume, filer, S3 gateway) on loopback ports.
-read -r -a P <<<"$(listen_ports 8)"
-S3_PORT=${P[0]}
-cat >"$WORK/s3.json" <<EOF
-{"identities": [{"name": "e2e", "credentials": [{"accessKey": "$ACCESS", "secretKey": "$SECRET"}],
-  "actions": ["Admin", "Read", "List", "Tagging", "Write"]}]}
-EOF
-mkdir -p "$WORK/weed"
-"$WEED" server -ip=127.0.0.1 -ip.bind=127.0.0.1 -dir="$WORK/weed" \
-    -master.port="${P[1]}" -master.port.grpc="${P[2]}" \
-    -volume.port="${P[3]}" -volume.port.grpc="${P[4]}" \
-    -filer -filer.port="${P[5]}" -filer.port.grpc="${P[6]}" \
-    -s3 -s3.port="$S3_PORT" -s3.port.grpc="${P[7]}" -s3.config="$WORK/s3.json" \
-    -s3.port.iceberg=0 -s3.port.lance=0 \
-    -master.volumeSizeLimitMB=64 -volume.max=8 >"$WORK/weed.log" 2>&1 &
-PIDS+=($!)
-S3="http://127.0.0.1:$S3_PORT"
-wait_context() { tail -20 "$WORK/weed.log"; }
-s3() { curl -sf --aws-sigv4 "aws:amz:$REGION:s3" --user "$ACCESS:$SECRET" "$@"; }
+source "$REPO_ROOT/e2e/lib/seaweedfs.sh"
+start_weed "$WEED" 127.0.0.1 "$WORK/weed" PIDS
+wait_context() { tail -20 "$WORK/weed/weed.log"; }
 wait_for "SeaweedFS answers S3 requests with the access key" 90 s3 -X PUT "$S3/models" || { summary; exit 1; }
 
 "$BIN/tidegate-engine" gen-random-model --out "$WORK/tiny" >/dev/null
-uploaded=0
-for f in "$WORK/tiny"/*; do
-    s3 -T "$f" "$S3/models/tiny/$(basename "$f")" >/dev/null && uploaded=$((uploaded + 1))
-done
+uploaded=$(upload_dir "$WORK/tiny" "$S3/models/tiny")
 check "the random-weight model is in the bucket ($uploaded objects)" \
     bash -c "[ $uploaded -ge 3 ] && [ $uploaded -eq $(ls "$WORK/tiny" | wc -l) ]"
 
@@ -80,7 +58,7 @@ spec:
   model:
     name: tiny
     uri: "$2"
-    source: {credentialsSecret: $3, endpoint: "$S3", region: $REGION}
+    source: {credentialsSecret: $3, endpoint: "$S3", region: $S3_REGION}
   engine:
     image: tidegate-engine:local
     resources: {gpus: 0, memory: 256Mi}
@@ -96,13 +74,13 @@ secret() { # NAME SECRET_KEY
 apiVersion: v1
 kind: Secret
 metadata: {name: $1, namespace: e2e}
-stringData: {AWS_ACCESS_KEY_ID: $ACCESS, AWS_SECRET_ACCESS_KEY: $2}
+stringData: {AWS_ACCESS_KEY_ID: $S3_ACCESS, AWS_SECRET_ACCESS_KEY: $2}
 EOF
 }
 mkdir -p "$WORK/good" "$WORK/bad"
-{ secret s3-creds "$SECRET"; pool from-s3 "s3://models/tiny" s3-creds; } >"$WORK/good/pool.yaml"
+{ secret s3-creds "$S3_SECRET"; pool from-s3 "s3://models/tiny" s3-creds; } >"$WORK/good/pool.yaml"
 { secret wrong-creds "not-the-secret-key"; pool wrong-key "s3://models/tiny" wrong-creds
-  secret s3-creds "$SECRET"; pool no-such-prefix "s3://models/absent" s3-creds; } >"$WORK/bad/pool.yaml"
+  secret s3-creds "$S3_SECRET"; pool no-such-prefix "s3://models/absent" s3-creds; } >"$WORK/bad/pool.yaml"
 
 # run_local DIR STATE OUT: local mode on DIR's manifests, in the background, no load.
 run_local() {

@@ -9,20 +9,27 @@
 #             an engine serving the fake model (one-token answers), A/B alternated.
 #   overload  4x what two small fake engines serve, through the router, for 60 s: answers by
 #             status, refusals with Retry-After, and the router's resident memory over the run.
+#   fairness  two fake engines (8 slots in all), one tier: 8 tenants with one stream each,
+#             alone, then beside one tenant with 48 streams: the light tenants' TTFT p50/p90.
+#   starvation  48 streams of the top tier saturate the same 8 slots while one stream of the
+#             lowest tier sends: its worst wait against the bound the fair queue states.
+#   replicas  two routers started as the operator starts them (--limit-share 2) in front of
+#             one fake engine (batch 4, queue 4) at 4x its slots: the engine's queue_full count.
 #
-# Usage: scripts/bench-router.sh [sessions|overhead|overload|all]   (default: all)
+# Usage: scripts/bench-router.sh [sessions|overhead|overload|fairness|starvation|replicas|all]
+#        (default: all)
 # Environment: CARGO_TARGET_DIR; BENCH_MODEL (a model directory for `sessions`).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
 case "${1:-all}" in
-    sessions | overhead | overload | all) MODE=${1:-all} ;;
+    sessions | overhead | overload | fairness | starvation | replicas | all) MODE=${1:-all} ;;
     -h | --help)
-        sed -n '2,14p' "$0" | sed 's/^# \{0,1\}//'
+        sed -n '2,22p' "$0" | sed 's/^# \{0,1\}//'
         exit 0
         ;;
     *)
-        echo "unknown mode ${1}: expected sessions, overhead, overload or all" >&2
+        echo "unknown mode ${1}: expected sessions, overhead, overload, fairness, starvation, replicas or all" >&2
         exit 2
         ;;
 esac
@@ -126,7 +133,66 @@ overload() {
     stop_all
 }
 
+# Two tiers, tenants named by the gateway headers (x-tidegate-tenant, x-tidegate-tier): the
+# top one refuses past 500 ms in the queue, the low one waits up to 30 s.
+write_policy() {
+    cat >"$WORK/policy.json" <<'JSON'
+{"tierPolicy": {
+  "tiers": [
+    {"name": "enterprise", "priority": 100, "queueWaitTarget": "500ms", "maxOutputTokens": 64},
+    {"name": "free", "priority": 10, "queueWaitTarget": "30s", "maxOutputTokens": 64}
+  ],
+  "defaultTier": "free",
+  "tenancy": {"gatewayHeaders": {}}
+}}
+JSON
+}
+
+# two_small_engines: two fake engines of batch 4 (10 ms a token); sets A and B.
+two_small_engines() {
+    A=$(start_engine engine-a.log --fake-model --max-batch-size 4 --max-queued-requests 4 --fake-token-delay 10ms)
+    B=$(start_engine engine-b.log --fake-model --max-batch-size 4 --max-queued-requests 4 --fake-token-delay 10ms)
+    wait_ready "$A"
+    wait_ready "$B"
+}
+
+fairness() {
+    echo "== fairness: 2 fake engines, 8 slots in all, one tier, 16-token answers"
+    write_policy
+    two_small_engines
+    ROUTER_ARGS="--engine-slots 4 --policy-file $WORK/policy.json" start_router router.log "$A" "$B"
+    "$BIN" bench-router --mode fairness --router "$ROUTER" --tier free --max-tokens 16 \
+        --light-tenants 8 --heavy-streams 48 --duration "${BENCH_PHASE:-10s}"
+    stop_all
+}
+
+starvation() {
+    echo "== starvation: 48 enterprise streams (priority 100, 500 ms target) over 8 slots, 1 free stream (priority 10)"
+    write_policy
+    two_small_engines
+    ROUTER_ARGS="--engine-slots 4 --policy-file $WORK/policy.json" start_router router.log "$A" "$B"
+    # Bound: (100 - 10) / 20 points/s + 0.5 s (the enterprise target) = 5 s, plus one
+    # answer's time (16 tokens at 10 ms, about 0.2 s) for a slot to free.
+    "$BIN" bench-router --mode starvation --router "$ROUTER" --tier free --top-tier enterprise \
+        --max-tokens 16 --heavy-streams 48 --duration "${BENCH_STARVE:-30s}" --bound 5.2s
+    stop_all
+}
+
+replicas() {
+    echo "== replicas: 2 routers (--engine-slots 8 --limit-share 2) in front of 1 fake engine (batch 4, queue 4), 32 streams"
+    write_policy
+    local e r1
+    e=$(start_engine engine.log --fake-model --max-batch-size 4 --max-queued-requests 4 --fake-token-delay 10ms)
+    wait_ready "$e"
+    ROUTER_ARGS="--engine-slots 8 --limit-share 2 --policy-file $WORK/policy.json" start_router router-1.log "$e"
+    r1=$ROUTER
+    ROUTER_ARGS="--engine-slots 8 --limit-share 2 --policy-file $WORK/policy.json" start_router router-2.log "$e"
+    "$BIN" bench-router --mode replicas --router "$r1" --other-router "$ROUTER" --engine "$e" \
+        --tier free --max-tokens 16 --heavy-streams 32 --duration "${BENCH_PHASE:-10s}"
+    stop_all
+}
+
 case "$MODE" in
-    all) sessions; overhead; overload ;;
+    all) sessions; overhead; overload; fairness; starvation; replicas ;;
     *) "$MODE" ;;
 esac

@@ -7,6 +7,8 @@
 #![allow(clippy::unwrap_used)]
 
 use std::collections::{HashMap, HashSet};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
 use serde_json::{Value, json};
@@ -43,12 +45,35 @@ async fn engine(step_ms: u64) -> EngineServer {
 
 /// A real engine (the engine loop on the echo runner) behind its HTTP server.
 async fn engine_with(echo: EchoConfig) -> EngineServer {
-    let metrics = Metrics::new();
+    engine_on(
+        echo,
+        LoopConfig {
+            model_id: "fake".into(),
+            kv_blocks: 4096,
+            ..LoopConfig::default()
+        },
+    )
+    .await
+}
+
+/// An engine that holds `batch` running and `queue` waiting requests at most.
+async fn small_engine(step_ms: u64, batch: usize, queue: usize) -> EngineServer {
+    let echo = EchoConfig {
+        step_time: Duration::from_millis(step_ms),
+        ..EchoConfig::default()
+    };
     let config = LoopConfig {
         model_id: "fake".into(),
         kv_blocks: 4096,
+        max_batch_seqs: batch,
+        max_waiting: queue,
         ..LoopConfig::default()
     };
+    engine_on(echo, config).await
+}
+
+async fn engine_on(echo: EchoConfig, config: LoopConfig) -> EngineServer {
+    let metrics = Metrics::new();
     let backend = LoopEngine::start_echo(echo, config, metrics.clone()).unwrap();
     while !backend.is_ready() {
         tokio::time::sleep(Duration::from_millis(2)).await;
@@ -70,9 +95,14 @@ async fn engine_with(echo: EchoConfig) -> EngineServer {
 }
 
 fn endpoint(e: &EngineServer) -> RouterEndpoint {
+    endpoint_at(&e.url)
+}
+
+/// An accepting engine at `url`, named by its address.
+fn endpoint_at(url: &str) -> RouterEndpoint {
     RouterEndpoint {
-        name: e.url.trim_start_matches("http://").to_string(),
-        url: e.url.clone(),
+        name: url.trim_start_matches("http://").to_string(),
+        url: url.to_string(),
         accepting: true,
     }
 }
@@ -80,7 +110,10 @@ fn endpoint(e: &EngineServer) -> RouterEndpoint {
 fn dispatch_config() -> DispatchConfig {
     DispatchConfig {
         engine_slots: 64,
+        slot_share: 1,
+        load_stale_after: tidegate_router::LOAD_STALE_AFTER,
         max_queued: 64,
+        max_queued_per_tenant: 32,
         max_held: 8,
         hold_timeout: Duration::from_secs(20),
         load_factor: 1.25,
@@ -104,6 +137,16 @@ async fn start_router_with(
     policy: EnginePolicy,
     max_body: usize,
 ) -> Router {
+    let endpoints: Vec<_> = engines.iter().map(|e| endpoint(e)).collect();
+    start_router_on(endpoints, policy, max_body).await
+}
+
+async fn start_router_on(
+    endpoints: Vec<RouterEndpoint>,
+    policy: EnginePolicy,
+    max_body: usize,
+) -> Router {
+    let n = endpoints.len();
     let api = TcpListener::bind("127.0.0.1:0").await.unwrap();
     let admin = TcpListener::bind("127.0.0.1:0").await.unwrap();
     let config = RouterConfig {
@@ -115,7 +158,7 @@ async fn start_router_with(
         limit_share: 1,
         stream_idle_timeout: Duration::from_secs(30),
         initial_policy: policy,
-        endpoints: engines.iter().map(|e| endpoint(e)).collect(),
+        endpoints,
     };
     let running = router::start(config, api, Some(admin)).unwrap();
     let r = Router {
@@ -124,7 +167,7 @@ async fn start_router_with(
         _running: running,
         http: reqwest::Client::new(),
     };
-    r.wait_ready(engines.len()).await;
+    r.wait_ready(n).await;
     r
 }
 
@@ -320,6 +363,7 @@ async fn a_request_is_held_until_the_first_engine_is_ready() {
     let a = engine(1).await;
     let push = RouterEndpoints {
         endpoints: vec![endpoint(&a)],
+        ready_routers: None,
     };
     let status = r
         .http
@@ -547,4 +591,148 @@ async fn an_engine_that_hangs_or_sends_garbage_ends_only_its_own_stream() {
         assert_eq!(health.status(), 200);
         running.abort();
     }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_64_mib_body_written_whole_gets_the_413_json_through_the_router() {
+    let a = engine(1).await;
+    let r = start_router(&[&a], gateway_policy()).await;
+    let addr = r.base.trim_start_matches("http://").to_string();
+    let answer = tokio::task::spawn_blocking(move || common::send_whole(addr, 64 << 20))
+        .await
+        .unwrap();
+    let (head, body) = answer.expect("the whole request is sent and the answer read");
+    assert!(head.starts_with("HTTP/1.1 413"), "{head}");
+    let v: Value = serde_json::from_slice(&body).unwrap();
+    assert_eq!(v["error"]["code"], "request_too_large", "{v}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_engine_that_reports_its_slots_is_not_overfilled_by_a_wrong_flag() {
+    // The engine holds 2 (batch 1, queue 1); the router was told 64 (a wrong flag): the
+    // engine's `slots=2` in its load header bounds what the router sends, and whatever
+    // refusal for room a race still produces is put back, never passed to a client.
+    let a = small_engine(5, 1, 1).await;
+    let r = start_router(&[&a], gateway_policy()).await;
+    let ask = |i: usize| {
+        let (http, base) = (r.http.clone(), r.base.clone());
+        tokio::spawn(async move {
+            http.post(format!("{base}/v1/completions"))
+                .header("x-tidegate-tenant", format!("t{i}"))
+                .json(&json!({"model": "fake", "prompt": format!("p{i}"), "max_tokens": 4}))
+                .send()
+                .await
+                .map(|resp| resp.status().as_u16())
+        })
+    };
+    let tasks: Vec<_> = (0..8).map(ask).collect();
+    for t in tasks {
+        assert_eq!(t.await.unwrap().unwrap(), 200);
+    }
+    let m = r.metrics().await;
+    assert!(!m.contains("outcome=\"queue_full\"} "), "{m}");
+    let em = common::metrics_text(&r.http, &a.url).await;
+    let refused = em
+        .lines()
+        .find(|l| l.contains("reason=\"queue_full\""))
+        .unwrap_or("none");
+    println!("the engine's own refusals for room: {refused}");
+}
+
+/// An engine that sends no load figures (an older one) and refuses its first `refusals`
+/// completions for room (429 `queue_full`), then answers each with a one-word completion.
+async fn refusing_engine(refusals: usize) -> (String, Arc<AtomicUsize>) {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let url = format!("http://{}", listener.local_addr().unwrap());
+    let posts = Arc::new(AtomicUsize::new(0));
+    let seen = Arc::clone(&posts);
+    tokio::spawn(async move {
+        while let Ok((mut sock, _)) = listener.accept().await {
+            let seen = Arc::clone(&seen);
+            tokio::spawn(async move {
+                let mut buf = Vec::new();
+                let mut chunk = [0u8; 4096];
+                loop {
+                    let Some(end) = buf.windows(4).position(|w| w == b"\r\n\r\n") else {
+                        match sock.read(&mut chunk).await {
+                            Ok(0) | Err(_) => return,
+                            Ok(n) => buf.extend_from_slice(&chunk[..n]),
+                        }
+                        continue;
+                    };
+                    let head = String::from_utf8_lossy(&buf[..end]).to_ascii_lowercase();
+                    let len = head
+                        .lines()
+                        .find_map(|l| l.strip_prefix("content-length:"))
+                        .and_then(|v| v.trim().parse::<usize>().ok())
+                        .unwrap_or(0);
+                    if buf.len() < end + 4 + len {
+                        match sock.read(&mut chunk).await {
+                            Ok(0) | Err(_) => return,
+                            Ok(n) => buf.extend_from_slice(&chunk[..n]),
+                        }
+                        continue;
+                    }
+                    buf.drain(..end + 4 + len);
+                    let (status, body) = if head.starts_with("get") {
+                        ("200 OK", "ready".to_string())
+                    } else if seen.fetch_add(1, Ordering::SeqCst) < refusals {
+                        let e = json!({"error": {"message": "queue full", "type": "rate_limit_error", "code": "queue_full"}});
+                        ("429 Too Many Requests", e.to_string())
+                    } else {
+                        let c = json!({"object": "text_completion", "choices": [{"index": 0, "text": "hi", "finish_reason": "length"}],
+                            "usage": {"prompt_tokens": 1, "completion_tokens": 1, "total_tokens": 2}});
+                        ("200 OK", c.to_string())
+                    };
+                    let answer = format!(
+                        "HTTP/1.1 {status}\r\ncontent-type: application/json\r\ncontent-length: {}\r\n\r\n{body}",
+                        body.len()
+                    );
+                    if sock.write_all(answer.as_bytes()).await.is_err() {
+                        return;
+                    }
+                }
+            });
+        }
+    });
+    (url, posts)
+}
+
+/// One tier whose requests may wait 30 s here: an engine that sends no figures is retried
+/// after its next probe (every 500 ms), so put-backs take a while.
+fn patient_policy() -> EnginePolicy {
+    let spec = serde_json::from_value(json!({
+        "tiers": [{"name": "free", "priority": 1, "queueWaitTarget": "30s"}],
+        "defaultTier": "free",
+        "tenancy": {"gatewayHeaders": {}}
+    }))
+    .unwrap();
+    EnginePolicy {
+        tier_policy: Some(spec),
+        ..EnginePolicy::default()
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_engine_refusal_for_room_goes_back_into_the_router_queue() {
+    // Three refusals for room, then answers: the client sees one 200, the router counts no
+    // queue_full, and the engine saw the request four times (it was never started).
+    let (url, posts) = refusing_engine(3).await;
+    let r = start_router_on(vec![endpoint_at(&url)], patient_policy(), 1 << 20).await;
+    let resp = r.complete("t1", None, "p").await;
+    assert_eq!(resp.status(), 200);
+    assert_eq!(
+        posts.load(Ordering::SeqCst),
+        4,
+        "three refusals, then served"
+    );
+    let m = r.metrics().await;
+    assert!(!m.contains("outcome=\"queue_full\"} "), "{m}");
+
+    // Past the bound of put-backs the refusal reaches the client, as a 429 with its reason.
+    let (url, _) = refusing_engine(usize::MAX).await;
+    let r = start_router_on(vec![endpoint_at(&url)], patient_policy(), 1 << 20).await;
+    let resp = r.complete("t1", None, "p").await;
+    assert_eq!(resp.status(), 429);
 }

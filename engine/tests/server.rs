@@ -825,74 +825,26 @@ async fn stalled_upload_gets_408() {
     assert!(text.starts_with("HTTP/1.1 408"), "{text}");
 }
 
-/// Reads one HTTP/1.1 response (head and a Content-Length body) from a blocking socket.
-fn read_response(conn: &mut std::net::TcpStream) -> std::io::Result<(String, Vec<u8>)> {
-    use std::io::Read;
-    let mut buf = Vec::new();
-    let mut chunk = [0u8; 4096];
-    let head_end = loop {
-        if let Some(at) = buf.windows(4).position(|w| w == b"\r\n\r\n") {
-            break at + 4;
-        }
-        let n = conn.read(&mut chunk)?;
-        if n == 0 {
-            return Err(std::io::ErrorKind::UnexpectedEof.into());
-        }
-        buf.extend_from_slice(&chunk[..n]);
-    };
-    let head = String::from_utf8_lossy(&buf[..head_end]).to_string();
-    let length: usize = head
-        .lines()
-        .find_map(|l| {
-            let (k, v) = l.split_once(':')?;
-            k.eq_ignore_ascii_case("content-length")
-                .then(|| v.trim().parse().ok())?
-        })
-        .unwrap_or(0);
-    let mut body = buf[head_end..].to_vec();
-    while body.len() < length {
-        let n = conn.read(&mut chunk)?;
-        if n == 0 {
-            return Err(std::io::ErrorKind::UnexpectedEof.into());
-        }
-        body.extend_from_slice(&chunk[..n]);
-    }
-    Ok((head, body))
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn oversized_body_written_whole_gets_413_json() {
-    // Big enough that the part the server does not read cannot all sit in socket buffers.
-    let limit = 4 << 20;
-    let config = ServerConfig {
-        max_body_bytes: limit,
-        ..ServerConfig::default()
-    };
-    let h = start(Fake::default(), config).await;
-    let addr = h.base.trim_start_matches("http://").to_string();
-    // Like Python's urllib: send the whole request (twice the limit), then read the answer.
-    let answer = tokio::task::spawn_blocking(move || {
-        use std::io::Write;
-        let mut conn = std::net::TcpStream::connect(addr)?;
-        conn.set_read_timeout(Some(Duration::from_secs(20)))?;
-        conn.set_write_timeout(Some(Duration::from_secs(20)))?;
-        let body = format!(r#"{{"prompt": "{}"}}"#, "x".repeat(2 * limit));
-        let head = format!(
-            "POST /v1/completions HTTP/1.1\r\nhost: x\r\ncontent-type: application/json\r\n\
-             content-length: {}\r\n\r\n",
-            body.len()
-        );
-        conn.write_all(head.as_bytes())?;
-        conn.write_all(body.as_bytes())?;
-        read_response(&mut conn)
-    })
-    .await
-    .unwrap();
-    let (head, body) = answer.expect("the whole request is sent and the answer read");
-    assert!(head.starts_with("HTTP/1.1 413"), "{head}");
-    let v: Value = serde_json::from_slice(&body).unwrap();
-    assert!(v["error"]["message"].is_string(), "{v}");
-    // The server still serves.
-    let resp = h.post("/v1/chat/completions", chat("after"), None).await;
-    assert_eq!(resp.status(), 200);
+    // Twice a 4 MiB limit (big enough that the unread part cannot all sit in socket
+    // buffers), and the promised 64 MiB against the default 1 MiB limit.
+    for (limit, body_bytes) in [(4 << 20, 8 << 20), (1 << 20, 64 << 20)] {
+        let config = ServerConfig {
+            max_body_bytes: limit,
+            ..ServerConfig::default()
+        };
+        let h = start(Fake::default(), config).await;
+        let addr = h.base.trim_start_matches("http://").to_string();
+        let answer = tokio::task::spawn_blocking(move || common::send_whole(addr, body_bytes))
+            .await
+            .unwrap();
+        let (head, body) = answer.expect("the whole request is sent and the answer read");
+        assert!(head.starts_with("HTTP/1.1 413"), "{body_bytes}: {head}");
+        let v: Value = serde_json::from_slice(&body).unwrap();
+        assert!(v["error"]["message"].is_string(), "{v}");
+        // The server still serves.
+        let resp = h.post("/v1/chat/completions", chat("after"), None).await;
+        assert_eq!(resp.status(), 200);
+    }
 }

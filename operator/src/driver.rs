@@ -7,7 +7,11 @@
 //!   drain grace period ran out; until then the pool keeps its current count.
 //! - Victims of a scale-down are chosen once and kept until removed.
 //! - Engines get the tier policy, admission state and tenant registry whenever it changes
-//!   and at least every `PUSH_EVERY_MS`, so a restarted engine catches up within that time.
+//!   and at least every `PUSH_EVERY_MS`, so a restarted engine catches up within that time;
+//!   a router that answers the endpoint push without a policy (it just started, and is not
+//!   ready until it has one) gets it the same tick.
+//! - Routers get the engine set and the count of ready routers every tick (each enforces
+//!   1/R of the rate limits), and are asked every tick for the tenants they accepted.
 //! - The registry is saved whenever it changed, before the tick reports success.
 //! - A failing engine admin call is logged and retried next tick; it never fails the tick.
 //! - A spec change that keeps the replica count still reaches the workload: the driver
@@ -208,9 +212,9 @@ impl<W: WorkloadRuntime, M: MetricsSource, E: EngineControl, R: RegistryStore> D
             .await?;
         let policy =
             decide::policy_for(spec, input.tiers, input.api_keys, &plan.admission, registry);
-        if decide::push_due(mem.actions.last_push.as_ref(), &policy, now)
-            && self.push_policy(pool, &workload, &token, &policy).await
-        {
+        let due = decide::push_due(mem.actions.last_push.as_ref(), &policy, now);
+        let targets = decide::policy_targets(&workload, due, &at_routers.without_policy);
+        if self.push_policy(pool, &targets, &token, &policy).await && due {
             mem.actions.last_push = Some((policy, now));
         }
 
@@ -367,11 +371,14 @@ impl<W: WorkloadRuntime, M: MetricsSource, E: EngineControl, R: RegistryStore> D
                 .map(|router| self.control.push_endpoints(router, token, &set)),
         )
         .await;
-        for answer in answers {
+        for (router, answer) in workload.routers.iter().zip(answers) {
             match answer {
                 Ok(view) => {
                     at.held += view.held;
                     at.queued += view.queued;
+                    if !view.policy_pushed {
+                        at.without_policy.push(router.name.clone());
+                    }
                 }
                 Err(e) => {
                     warn!(pool = %pool, error = %e, "endpoint push to a router failed; retrying next tick")
@@ -384,18 +391,17 @@ impl<W: WorkloadRuntime, M: MetricsSource, E: EngineControl, R: RegistryStore> D
         at
     }
 
-    /// Pushes the policy to every ready engine and router; true when every push succeeded.
+    /// Pushes the policy to the targets; true when every push succeeded.
     async fn push_policy(
         &self,
         pool: &PoolRef,
-        workload: &WorkloadState,
+        targets: &[&crate::ports::Endpoint],
         token: &str,
         policy: &EnginePolicy,
     ) -> bool {
-        let targets = workload.endpoints.iter().chain(&workload.routers);
         let answers = join_all(
             targets
-                .filter(|e| e.ready)
+                .iter()
                 .map(|ep| self.control.push_policy(ep, token, policy)),
         )
         .await;
@@ -408,13 +414,15 @@ impl<W: WorkloadRuntime, M: MetricsSource, E: EngineControl, R: RegistryStore> D
     }
 }
 
-/// Requests the pool's routers answered an endpoint push with, summed over routers.
-#[derive(Clone, Copy, Debug, Default)]
+/// What the pool's routers answered an endpoint push with (requests summed over routers).
+#[derive(Clone, Debug, Default)]
 struct AtRouters {
     /// Held for want of a ready engine (scale from zero).
     held: u64,
     /// Waiting for an engine with room.
     queued: u64,
+    /// Routers that hold no policy yet (just started): they get it this tick.
+    without_policy: Vec<String>,
 }
 
 /// Rebuilds planner memory from the status an earlier operator wrote (restart loses nothing

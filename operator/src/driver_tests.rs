@@ -2,11 +2,15 @@
 //! drain victim that vanished is forgotten and replaced, a metrics outage removes nothing,
 //! one pool's hanging tick does not hold up another's, the spec is re-applied once per
 //! generation, and a restarted operator keeps the admission state and its since, the
-//! scale-down window and every tenant of the stored registry.
+//! scale-down window and every tenant of the stored registry; a tenant a router accepted is in
+//! the policy pushed the same tick, and routers learn how many of them are ready.
 
 use std::sync::{Arc, Mutex, MutexGuard};
 
-use tidegate_api::engine_admin::{AdmittedTenants, DrainState, DrainStatus, EnginePolicy};
+use tidegate_api::engine_admin::{
+    AdmittedTenant, AdmittedTenants, DrainState, DrainStatus, EnginePolicy,
+};
+use tidegate_api::router::RouterEndpoints;
 
 use super::*;
 use crate::plan::{MetricsProblem, PoolMetrics};
@@ -30,6 +34,16 @@ struct World {
     stored_registry: Registry,
     /// Every policy pushed, in order.
     pushed: Vec<EnginePolicy>,
+    /// The pool's routers.
+    routers: Vec<Endpoint>,
+    /// What each router (by name) reports it accepted.
+    accepted: Vec<(String, AdmittedTenant)>,
+    /// Every endpoint push, in order: (router, the set).
+    endpoint_pushes: Vec<(String, RouterEndpoints)>,
+    /// Routers that hold no policy yet (until one is pushed to them).
+    without_policy: Vec<String>,
+    /// Where each policy push went, in order.
+    policy_to: Vec<String>,
 }
 
 impl World {
@@ -74,7 +88,7 @@ impl WorkloadRuntime for Fake {
             ready_replicas: w.endpoints.iter().filter(|e| e.ready).count() as i32,
             endpoints: w.endpoints.clone(),
             selector: "pool=p".into(),
-            routers: Vec::new(),
+            routers: w.routers.clone(),
             model_problem: None,
         })
     }
@@ -135,32 +149,42 @@ impl MetricsSource for Fake {
 impl EngineControl for Fake {
     async fn push_endpoints(
         &self,
-        _router: &Endpoint,
+        router: &Endpoint,
         _token: &str,
-        _set: &tidegate_api::router::RouterEndpoints,
+        set: &RouterEndpoints,
     ) -> Result<tidegate_api::router::EndpointsView, ControlError> {
-        Ok(tidegate_api::router::EndpointsView::default())
+        let mut w = self.world();
+        w.endpoint_pushes.push((router.name.clone(), set.clone()));
+        Ok(tidegate_api::router::EndpointsView {
+            policy_pushed: !w.without_policy.contains(&router.name),
+            ..tidegate_api::router::EndpointsView::default()
+        })
     }
 
     async fn push_policy(
         &self,
-        _ep: &Endpoint,
+        ep: &Endpoint,
         _token: &str,
         policy: &EnginePolicy,
     ) -> Result<(), ControlError> {
-        self.world().pushed.push(policy.clone());
+        let mut w = self.world();
+        w.pushed.push(policy.clone());
+        w.policy_to.push(ep.name.clone());
+        w.without_policy.retain(|r| r != &ep.name);
         Ok(())
     }
 
     async fn tenants_since(
         &self,
-        _ep: &Endpoint,
+        ep: &Endpoint,
         _token: &str,
         since_ms: u64,
     ) -> Result<AdmittedTenants, ControlError> {
+        let w = self.world();
+        let mine = w.accepted.iter().filter(|(r, _)| r == &ep.name);
         Ok(AdmittedTenants {
             now_ms: since_ms,
-            tenants: Vec::new(),
+            tenants: mine.map(|(_, t)| t.clone()).collect(),
         })
     }
 
@@ -509,4 +533,96 @@ fn a_restart_keeps_the_forecast_history_and_the_lead_time() {
         f.lead_time_measured = false;
     }
     assert!(!restore_plan_state(Some(&unmeasured)).lead_time.measured());
+}
+
+fn router(name: &str, ready: bool) -> Endpoint {
+    Endpoint {
+        name: name.into(),
+        api_url: format!("http://{name}"),
+        admin_url: format!("http://{name}-admin"),
+        ready,
+    }
+}
+
+#[tokio::test]
+async fn a_tenant_a_router_accepted_reaches_every_engine_and_router_in_the_same_tick() {
+    let world = Fake::with_replicas(1);
+    world.world().routers = vec![router("r0", true), router("r1", true)];
+    let d = driver(&world);
+    tick(&d, T0).await;
+    assert!(
+        world
+            .world()
+            .pushed
+            .iter()
+            .all(|p| p.admitted_tenants.is_empty())
+    );
+    // r0 accepted "waiting" into its queue; no engine has admitted it yet.
+    world.world().accepted.push((
+        "r0".into(),
+        AdmittedTenant {
+            tenant: "waiting".into(),
+            tier: "free".into(),
+            first_admitted_ms: T0 + 500,
+        },
+    ));
+    world.world().pushed.clear();
+    let out = tick(&d, T0 + 1_000).await;
+    assert_eq!(out.registry_size, 1);
+    let pushed = world.world().pushed.clone();
+    // One engine and two routers, each with the tenant.
+    assert_eq!(pushed.len(), 3);
+    assert!(pushed.iter().all(|p| p.admitted_tenants == ["waiting"]));
+    assert!(world.world().stored_registry.contains("waiting"), "saved");
+}
+
+#[tokio::test]
+async fn routers_are_told_the_count_of_ready_routers_every_tick() {
+    let world = Fake::with_replicas(1);
+    world.world().routers = vec![router("r0", true), router("r1", true)];
+    let d = driver(&world);
+    tick(&d, T0).await;
+    let shares = |w: &Fake| -> Vec<(String, Option<u32>)> {
+        let pushes = std::mem::take(&mut w.world().endpoint_pushes);
+        pushes
+            .into_iter()
+            .map(|(r, s)| (r, s.ready_routers))
+            .collect()
+    };
+    let each = |n: u32| vec![("r0".to_string(), Some(n)), ("r1".to_string(), Some(n))];
+    assert_eq!(shares(&world), each(2));
+    // r1 dies: the next tick tells r0 it holds the whole limit (r1 is still asked, as it
+    // may be restarting; it gets the same count).
+    world.world().routers[1].ready = false;
+    tick(&d, T0 + 1_000).await;
+    assert_eq!(shares(&world), each(1));
+}
+
+#[tokio::test]
+async fn a_router_that_started_without_a_policy_gets_it_at_the_next_tick_not_in_30_s() {
+    let world = Fake::with_replicas(1);
+    world.world().routers = vec![router("r0", true)];
+    let d = driver(&world);
+    tick(&d, T0).await;
+    tick(&d, T0 + 1_000).await;
+    assert_eq!(
+        world.world().policy_to,
+        ["e0", "r0"],
+        "pushed once, not due again"
+    );
+    // A second router is added: not ready, no policy. The policy has not changed.
+    {
+        let mut w = world.world();
+        w.routers.push(router("r1", false));
+        w.without_policy.push("r1".into());
+        w.policy_to.clear();
+    }
+    tick(&d, T0 + 2_000).await;
+    assert_eq!(
+        world.world().policy_to,
+        ["r1"],
+        "only the router that lacked it"
+    );
+    tick(&d, T0 + 3_000).await;
+    assert_eq!(world.world().policy_to, ["r1"], "and only once");
 }

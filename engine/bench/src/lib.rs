@@ -5,7 +5,8 @@
 //!   the returning session's restore ([`session`]) and an optional soak ([`soak`]).
 //! - [`model_runner`]: `bench-model`: copy bandwidth, batch-1 roofline, decode tok/s.
 //! - [`overload`]: `overload-bench`: a multiple of a running engine's capacity.
-//! - [`router`]: `bench-router`: a running router's added latency and overload memory.
+//! - [`router`]: `bench-router`: a running router's added latency and overload memory;
+//!   [`router_flow`]: its fairness, starvation bound and replicas figures.
 //! - [`startup`]: `bench-startup`: an engine's time to ready, cold and warm page cache.
 
 pub mod client;
@@ -13,6 +14,7 @@ pub mod engine_loop;
 pub mod model_runner;
 pub mod overload;
 pub mod router;
+pub mod router_flow;
 pub mod session;
 pub mod soak;
 pub mod startup;

@@ -13,6 +13,8 @@
 //!   for `--duration`; counts answers by status, checks every refusal carries Retry-After, and
 //!   samples the router process's resident memory every second.
 //!
+//! - `fairness`, `starvation`, `replicas`: flow control ([`crate::router_flow`]).
+//!
 //! Invariant: every figure printed says what it measured; nothing here is asserted (this is a
 //! benchmark, not a test).
 
@@ -35,6 +37,9 @@ pub enum Mode {
     Sessions,
     Overhead,
     Overload,
+    Fairness,
+    Starvation,
+    Replicas,
 }
 
 /// Options of `bench-router`.
@@ -75,6 +80,25 @@ pub struct BenchRouterArgs {
     /// The router's process id, for its resident memory (overload mode).
     #[arg(long)]
     pub router_pid: Option<u32>,
+    /// Another router in front of the same engines (repeatable; replicas mode).
+    #[arg(long = "other-router")]
+    pub other_routers: Vec<String>,
+    /// Tenants with one stream each (fairness mode).
+    #[arg(long, default_value_t = 8)]
+    pub light_tenants: usize,
+    /// Streams of the heavy tenant (fairness), of the top tier (starvation), or in all
+    /// (replicas).
+    #[arg(long, default_value_t = 48)]
+    pub heavy_streams: usize,
+    /// The tier the light (fairness), low (starvation) or all (replicas) requests name.
+    #[arg(long, default_value = "free")]
+    pub tier: String,
+    /// The saturating tier (starvation mode).
+    #[arg(long, default_value = "enterprise")]
+    pub top_tier: String,
+    /// The stated worst wait of the low tier (starvation mode), to print beside the figure.
+    #[arg(long, default_value = "5s", value_parser = parse_duration)]
+    pub bound: Duration,
 }
 
 /// Runs the benchmark and prints its figures.
@@ -93,6 +117,9 @@ pub fn run(args: &BenchRouterArgs) -> anyhow::Result<()> {
             Mode::Sessions => sessions(args, &http).await,
             Mode::Overhead => overhead(args, &http).await,
             Mode::Overload => overload(args, &http).await,
+            Mode::Fairness => crate::router_flow::fairness(args, &http).await,
+            Mode::Starvation => crate::router_flow::starvation(args, &http).await,
+            Mode::Replicas => crate::router_flow::replicas(args, &http).await,
         }
     })
 }
@@ -101,7 +128,7 @@ fn median(v: &mut [f64]) -> f64 {
     quantile(v, 0.5)
 }
 
-fn quantile(v: &mut [f64], q: f64) -> f64 {
+pub(crate) fn quantile(v: &mut [f64], q: f64) -> f64 {
     if v.is_empty() {
         return f64::NAN;
     }

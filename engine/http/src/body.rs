@@ -14,6 +14,12 @@
 //! larger than the drain cap, or that waits for `100 Continue`, is answered at once (it is
 //! not made to send data that would be thrown away); every 413 carries `Connection: close`,
 //! since the rest of its body may still be on the way.
+//!
+//! So: a client that writes a body of up to 64 MiB (or four times the limit, if larger)
+//! whole before reading gets the 413 and its JSON error, unless the upload takes longer
+//! than [`DRAIN_MAX_TIME`]; beyond that the connection is closed once the 413 is sent, and
+//! such a client may see a reset instead (the kernel's answer to unread data), which is the
+//! documented price of not reading an unbounded body.
 
 use std::time::Duration;
 
@@ -24,10 +30,11 @@ use futures::StreamExt;
 
 use crate::error::ApiError;
 
-/// Oversized body bytes discarded before answering 413: at least this many.
-pub const DRAIN_MIN_BYTES: u64 = 16 << 20;
-/// Time spent discarding an oversized body at most.
-pub const DRAIN_MAX_TIME: Duration = Duration::from_secs(5);
+/// Oversized body bytes discarded before answering 413: at least this many (64 MiB: the
+/// largest body a client is promised the JSON error for, whatever the limit).
+pub const DRAIN_MIN_BYTES: u64 = 64 << 20;
+/// Time spent discarding an oversized body at most (64 MiB at about 50 Mbit/s).
+pub const DRAIN_MAX_TIME: Duration = Duration::from_secs(10);
 
 /// Oversized body bytes discarded at most before answering 413: four times the limit, at
 /// least [`DRAIN_MIN_BYTES`] (a client that overshoots a small limit by a few megabytes still

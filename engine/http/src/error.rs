@@ -43,6 +43,10 @@ pub enum ApiError {
     },
     #[error("{0}")]
     Submit(#[from] SubmitError),
+    /// Router: this tenant already has its bound of requests waiting in the router's queue
+    /// (other tenants of its tier still get in).
+    #[error("Too many of this tenant's requests are waiting; retry after {retry_after:?}")]
+    TenantQueueFull { retry_after: Duration },
     #[error("The engine is draining and takes no new requests")]
     Draining,
     #[error("The engine is loading its model")]
@@ -82,6 +86,7 @@ impl ApiError {
             ApiError::RateLimited(e) => e.metric_label(),
             ApiError::NewTenantPaused { .. } => "new_tenant_paused",
             ApiError::Submit(e) => e.metric_label(),
+            ApiError::TenantQueueFull { .. } => "tenant_queue_full",
             ApiError::Draining => "draining",
             ApiError::NotReady => "not_ready",
             ApiError::NoReadyEngine { .. } => "no_ready_engine",
@@ -100,7 +105,9 @@ impl ApiError {
             ApiError::TooLarge(_) => StatusCode::PAYLOAD_TOO_LARGE,
             ApiError::BodyTimeout(_) => StatusCode::REQUEST_TIMEOUT,
             ApiError::Unauthorized(_) | ApiError::AdminUnauthorized => StatusCode::UNAUTHORIZED,
-            ApiError::RateLimited(_) => StatusCode::TOO_MANY_REQUESTS,
+            ApiError::RateLimited(_) | ApiError::TenantQueueFull { .. } => {
+                StatusCode::TOO_MANY_REQUESTS
+            }
             ApiError::NewTenantPaused { .. }
             | ApiError::Draining
             | ApiError::NotReady
@@ -136,6 +143,7 @@ impl ApiError {
                 ("authentication_error", "invalid_api_key")
             }
             ApiError::RateLimited(_) => ("rate_limit_error", "rate_limit_exceeded"),
+            ApiError::TenantQueueFull { .. } => ("server_overloaded", "tenant_queue_full"),
             ApiError::NewTenantPaused { .. } => {
                 ("new_tenant_admission_paused", "new_tenant_admission_paused")
             }
@@ -171,6 +179,7 @@ impl ApiError {
         match self {
             ApiError::RateLimited(e) => Some(e.retry_after),
             ApiError::NewTenantPaused { retry_after, .. }
+            | ApiError::TenantQueueFull { retry_after }
             | ApiError::NoReadyEngine { retry_after } => Some(*retry_after),
             ApiError::Submit(SubmitError::QueueFull { retry_after })
             | ApiError::Submit(SubmitError::QueueTimeout { retry_after, .. }) => Some(*retry_after),

@@ -50,12 +50,17 @@ pub struct RouteArgs {
     /// operator pushes the pool's engines instead.
     #[arg(long = flag::ENDPOINT, value_name = "URL")]
     pub endpoints: Vec<String>,
-    /// Requests one engine holds at most (its batch plus its own queue); more wait here.
+    /// Requests one engine holds at most (its batch plus its own queue); more wait here. An
+    /// engine that reports its own figure (`slots=` in its load header) is held to the lower.
     #[arg(long = flag::ENGINE_SLOTS, env = "TIDEGATE_ENGINE_SLOTS", default_value_t = 64)]
     pub engine_slots: u64,
     /// Requests waiting here for an engine with room at most; more get 429.
     #[arg(long = flag::MAX_QUEUED_REQUESTS, env = "TIDEGATE_ROUTER_MAX_QUEUED", default_value_t = 256)]
     pub max_queued_requests: usize,
+    /// Requests one tenant may have waiting here at most (default: half of
+    /// --max-queued-requests); more get 429 tenant_queue_full, that tenant only.
+    #[arg(long = flag::MAX_QUEUED_PER_TENANT, env = "TIDEGATE_ROUTER_MAX_QUEUED_PER_TENANT")]
+    pub max_queued_per_tenant: Option<usize>,
     /// One engine takes at most this times the mean load before a session spills over.
     #[arg(long = flag::LOAD_FACTOR, env = "TIDEGATE_LOAD_FACTOR", default_value_t = 1.25, value_parser = parse_load_factor)]
     pub load_factor: f64,
@@ -65,7 +70,9 @@ pub struct RouteArgs {
     /// Requests held at most while no engine is ready; more get 503 at once.
     #[arg(long = flag::MAX_HELD_REQUESTS, env = "TIDEGATE_MAX_HELD", default_value_t = 256)]
     pub max_held_requests: usize,
-    /// Router replicas sharing each tenant's rate limits (this one enforces 1/N of them).
+    /// Router replicas sharing each tenant's rate limits and every engine's slots (this one
+    /// enforces 1/N of the limits and holds at most 1/N of each engine's slots) until the
+    /// operator pushes the count of ready routers with the engine set.
     #[arg(long = flag::LIMIT_SHARE, env = "TIDEGATE_LIMIT_SHARE", default_value_t = 1)]
     pub limit_share: u32,
     /// Priority points a waiting request gains per second (so low tiers are not starved).
@@ -121,7 +128,13 @@ fn config(args: &RouteArgs) -> anyhow::Result<RouterConfig> {
     Ok(RouterConfig {
         dispatch: DispatchConfig {
             engine_slots: args.engine_slots.max(1),
+            slot_share: args.limit_share.max(1),
+            load_stale_after: super::LOAD_STALE_AFTER,
             max_queued: args.max_queued_requests,
+            max_queued_per_tenant: args
+                .max_queued_per_tenant
+                .unwrap_or(args.max_queued_requests / 2)
+                .max(1),
             max_held: args.max_held_requests,
             hold_timeout: args.hold_timeout,
             load_factor: args.load_factor,

@@ -1,25 +1,33 @@
 //! The dispatcher: which engine a request goes to, and waiting when none has room.
 //!
-//! One mutex guards the engines (membership, health, in-flight counts), the affinity ring
-//! and the tier queue, so a slot freed by a finished request is handed straight to the
-//! best waiter (no thundering herd, no lost wake-up). A request with a key (session or
-//! prompt prefix) is placed on the ring with bounded load; one without goes to the engine
-//! with the fewest requests in flight. An engine is eligible while it is ready (its last
-//! health probe answered 200), accepting (not being drained) and under its slot count.
+//! One mutex guards the engines (membership, health, in-flight counts, load reports), the
+//! affinity ring and the fair queue, so a slot freed by a finished request is handed
+//! straight to the best waiter (no thundering herd, no lost wake-up). A request with a key
+//! (session or prompt prefix) is placed on the ring with bounded load; one without goes to
+//! the least loaded engine (the engine's own figures plus this router's leases since, then
+//! the most KV free). An engine is eligible while it is ready (its last health probe
+//! answered 200), accepting (not being drained) and has room ([`crate::engine_slot`]: this
+//! router's share of its slots, and its own fresh figures below them).
+//!
+//! Every lease charges its tenant's service (the fair queue's measure) with the request's
+//! estimated tokens; [`Lease::settle`] corrects it with what the engine reported.
 //!
 //! Invariants: an engine's in-flight count equals the [`Lease`]s alive on it; a lease is
 //! handed out only for an eligible engine; every queued request leaves the queue exactly
 //! once (handed a lease, timed out, or given up by its waiter), and a lease sent to a waiter
-//! that has gone is returned at once. Never call back into the dispatcher while holding
-//! its lock (a lease's drop takes it).
+//! that has gone is returned at once (and its charge refunded). Never call back into the
+//! dispatcher while holding its lock (a lease's drop takes it).
 
+use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
-use tidegate_api::router::RouterEndpoint;
+use tidegate_api::router::{EngineLoad, RouterEndpoint};
 use tokio::sync::oneshot;
 
-use super::queue::{Entry, TierQueue};
+pub use super::engine_slot::Health;
+use super::engine_slot::{Capacity, EngineSlot};
+use super::queue::{Entry, FairQueue, Refused};
 use super::ring::Ring;
 
 /// What a placement keys on.
@@ -66,52 +74,19 @@ impl Affinity {
     }
 }
 
-/// Health as the last probe saw it.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Health {
-    /// Answered 200 on its readiness path.
-    Ready,
-    /// Answered, but not ready (loading or draining).
-    NotReady,
-    /// Did not answer (connection refused or timed out).
-    Down,
-}
-
-#[derive(Debug)]
-struct EngineSlot {
-    id: u64,
-    name: String,
-    url: String,
-    accepting: bool,
-    health: Health,
-    in_flight: u64,
-    /// Left the pushed set; kept until its last lease ends.
-    removed: bool,
-}
-
-impl EngineSlot {
-    fn live(&self) -> bool {
-        !self.removed && self.accepting && self.health == Health::Ready
-    }
-
-    /// The `endpoints` gauge's state.
-    fn state(&self) -> &'static str {
-        match (self.accepting, self.health) {
-            (false, _) => "draining",
-            (true, Health::Ready) => "ready",
-            (true, Health::NotReady) => "not_ready",
-            (true, Health::Down) => "down",
-        }
-    }
-}
-
 /// Dispatcher settings.
 #[derive(Clone, Debug)]
 pub struct DispatchConfig {
     /// Requests one engine holds at most (its batch plus its own queue).
     pub engine_slots: u64,
+    /// Routers sharing every engine's slots (this one takes `⌊slots / share⌋`).
+    pub slot_share: u32,
+    /// Engine load figures older than this count as full.
+    pub load_stale_after: Duration,
     /// Router queue bound (waiting for room).
     pub max_queued: usize,
+    /// Requests one tenant may have waiting (held ones included).
+    pub max_queued_per_tenant: usize,
     /// Requests held at most while no engine is ready.
     pub max_held: usize,
     pub hold_timeout: Duration,
@@ -125,21 +100,49 @@ pub struct DispatchConfig {
 pub enum Refusal {
     /// The router queue is at its bound (429).
     QueueFull,
+    /// This tenant has its bound waiting already (429, to that tenant only).
+    TenantQueueFull,
     /// No engine had room within the tier's queue-wait target (503).
     QueueTimeout,
     /// The pool had no ready engine within the hold timeout, or the hold is full (503).
     NoEngine,
 }
 
-struct Waiter {
+/// What a request asks the dispatcher for.
+#[derive(Clone, Debug)]
+pub struct Ask {
+    pub key: Option<Key>,
+    pub priority: i64,
+    pub tier: String,
+    pub tenant: String,
+    /// Tokens charged to the tenant's service when it is placed (the router's estimate).
+    pub cost: u64,
+    /// How long it may wait for room (the tier's queue-wait target), counted from `since`.
+    pub wait: Duration,
+    /// When it first asked: a request put back (its engine refused it for room) keeps its
+    /// place and its deadline.
+    pub since: Instant,
+    /// An engine to skip (the one a connect just failed on).
+    pub exclude: Option<u64>,
+}
+
+/// What a placement needs of a request.
+#[derive(Clone, Debug)]
+struct Want {
     key: Option<Key>,
     exclude: Option<u64>,
+    tenant: String,
+    cost: u64,
+}
+
+struct Waiter {
+    want: Want,
     tx: oneshot::Sender<Lease>,
 }
 
 impl std::fmt::Debug for Waiter {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Waiter").field("key", &self.key).finish()
+        f.debug_struct("Waiter").field("want", &self.want).finish()
     }
 }
 
@@ -149,7 +152,7 @@ struct Inner {
     /// Ring over the members (not removed), and the engines index of each ring index.
     ring: Ring,
     ring_members: Vec<usize>,
-    queue: TierQueue<Waiter>,
+    queue: FairQueue<Waiter>,
     next_id: u64,
     rr: usize,
 }
@@ -171,6 +174,8 @@ impl Inner {
 pub struct Dispatcher {
     inner: Mutex<Inner>,
     cfg: DispatchConfig,
+    /// Routers sharing the engines' slots; replaceable (the pushed count of live routers).
+    share: AtomicU32,
     /// Placement outcomes, counted by the caller's metrics hook.
     observer: Box<dyn DispatchObserver>,
 }
@@ -188,11 +193,41 @@ pub struct Lease {
     engine_id: u64,
     pub name: String,
     pub url: String,
+    tenant: String,
+    /// Tokens charged to the tenant for this request; None once settled.
+    charged: Option<u64>,
 }
 
 impl Lease {
     pub fn engine_id(&self) -> u64 {
         self.engine_id
+    }
+
+    /// Replaces the estimate this lease charged its tenant by `actual` tokens (the engine's
+    /// `usage`; 0 when the engine refused the request). Once per lease; later calls do
+    /// nothing, and a lease never settled keeps its estimate.
+    pub fn settle(&mut self, actual: u64) {
+        if let (Some(d), Some(charged)) = (&self.disp, self.charged.take()) {
+            let mut g = d.lock();
+            g.queue
+                .ledger()
+                .correct(&self.tenant, charged, actual, Instant::now());
+        }
+    }
+
+    /// Records a load report the engine sent with its answer.
+    pub fn report(&self, load: EngineLoad) {
+        if let Some(d) = &self.disp {
+            d.report(self.engine_id, load, Instant::now());
+        }
+    }
+
+    /// The engine refused this request for room (`queue_full`): see
+    /// [`Dispatcher::refused_for_room`].
+    pub fn refused_for_room(&self) {
+        if let Some(d) = &self.disp {
+            d.refused_for_room(self.engine_id);
+        }
     }
 }
 
@@ -215,7 +250,11 @@ pub struct EngineView {
 
 impl Dispatcher {
     pub fn new(cfg: DispatchConfig, observer: Box<dyn DispatchObserver>) -> Arc<Self> {
-        let queue = TierQueue::new(cfg.max_queued + cfg.max_held, cfg.aging_per_second);
+        let queue = FairQueue::new(
+            cfg.max_queued + cfg.max_held,
+            cfg.max_queued_per_tenant,
+            cfg.aging_per_second,
+        );
         Arc::new(Dispatcher {
             inner: Mutex::new(Inner {
                 engines: Vec::new(),
@@ -225,6 +264,7 @@ impl Dispatcher {
                 next_id: 1,
                 rr: 0,
             }),
+            share: AtomicU32::new(cfg.slot_share.max(1)),
             cfg,
             observer,
         })
@@ -235,6 +275,20 @@ impl Dispatcher {
             Ok(g) => g,
             Err(poisoned) => poisoned.into_inner(),
         }
+    }
+
+    fn capacity(&self) -> Capacity {
+        Capacity {
+            slots: self.cfg.engine_slots.max(1),
+            share: self.share.load(Ordering::Relaxed).max(1),
+            stale_after: self.cfg.load_stale_after,
+        }
+    }
+
+    /// Sets how many routers share the engines' slots (each takes `⌊slots / share⌋`).
+    pub fn set_slot_share(self: &Arc<Self>, share: u32) {
+        self.share.store(share.max(1), Ordering::Relaxed);
+        self.pump(self.lock());
     }
 
     /// Replaces the engine set (operator push or static flags). Engines are matched by
@@ -263,15 +317,8 @@ impl Dispatcher {
                 change.added.push(w.name.clone());
                 let id = g.next_id;
                 g.next_id += 1;
-                g.engines.push(EngineSlot {
-                    id,
-                    name: w.name.clone(),
-                    url: w.url.clone(),
-                    accepting: w.accepting,
-                    health: Health::NotReady,
-                    in_flight: 0,
-                    removed: false,
-                });
+                let slot = EngineSlot::new(id, w.name.clone(), w.url.clone(), w.accepting);
+                g.engines.push(slot);
             }
         }
         change.log();
@@ -285,18 +332,52 @@ impl Dispatcher {
         self.pump(g);
     }
 
-    /// Records a probe result (or a failed connect) for engine `id`.
+    /// Records a probe result (or a failed connect) for engine `id`, with the load figures
+    /// the probe's answer carried.
     pub fn set_health(self: &Arc<Self>, id: u64, health: Health) {
+        self.set_probe(id, health, None, Instant::now());
+    }
+
+    /// Records a probe: its health and, when its answer carried them, the engine's figures.
+    pub fn set_probe(
+        self: &Arc<Self>,
+        id: u64,
+        health: Health,
+        load: Option<EngineLoad>,
+        at: Instant,
+    ) {
         let mut g = self.lock();
         let Some(e) = g.engines.iter_mut().find(|e| e.id == id) else {
             return;
         };
-        if e.health == health {
-            return;
+        match load {
+            Some(l) => e.record(l, at),
+            // An engine that sends no figures (an older one) has nothing else to say.
+            None => e.refused_at = None,
         }
-        tracing::info!(engine = %e.name, from = ?e.health, to = ?health, "engine health changed");
-        e.health = health;
+        if e.health != health {
+            tracing::info!(engine = %e.name, from = ?e.health, to = ?health, "engine health changed");
+            e.health = health;
+        }
         self.pump(g);
+    }
+
+    /// Records engine `id`'s load figures as of `at` (an answer's header).
+    pub fn report(self: &Arc<Self>, id: u64, load: EngineLoad, at: Instant) {
+        let mut g = self.lock();
+        if let Some(e) = g.engines.iter_mut().find(|e| e.id == id) {
+            e.record(load, at);
+        }
+        self.pump(g);
+    }
+
+    /// Engine `id` refused a request for room: it is full until its next report says not
+    /// (see [`EngineSlot::refused_at`]).
+    pub fn refused_for_room(self: &Arc<Self>, id: u64) {
+        let mut g = self.lock();
+        if let Some(e) = g.engines.iter_mut().find(|e| e.id == id) {
+            e.refused_at = Some(Instant::now());
+        }
     }
 
     /// `(id, url)` of every engine to probe.
@@ -327,56 +408,13 @@ impl Dispatcher {
         (engines, held, g.queue.len() - held)
     }
 
-    /// A lease on an engine for a request of `priority`, waiting at most `wait` for room
-    /// (or the hold timeout while no engine is ready). `exclude` skips one engine (the one
-    /// a connect just failed on).
-    pub async fn acquire(
-        self: &Arc<Self>,
-        key: Option<Key>,
-        priority: i64,
-        wait: Duration,
-        exclude: Option<u64>,
-    ) -> Result<Lease, Refusal> {
-        let (id, held, rx, deadline) = {
-            let mut g = self.lock();
-            if let Some(lease) = self.try_place(&mut g, key, exclude) {
-                return Ok(lease);
-            }
-            let now = Instant::now();
-            let held = !g.engines.iter().any(EngineSlot::live);
-            let (deadline, bound) = if held {
-                (now + self.cfg.hold_timeout, self.cfg.max_held)
-            } else {
-                (now + wait, self.cfg.max_queued)
-            };
-            let in_class = if held {
-                g.queue.held()
-            } else {
-                g.queue.len() - g.queue.held()
-            };
-            if in_class >= bound {
-                return Err(if held {
-                    Refusal::NoEngine
-                } else {
-                    Refusal::QueueFull
-                });
-            }
-            let (tx, rx) = oneshot::channel();
-            let id = g.next_id;
-            g.next_id += 1;
-            let entry = Entry {
-                id,
-                priority,
-                arrived: now,
-                deadline,
-                held,
-                item: Waiter { key, exclude, tx },
-            };
-            if g.queue.push(entry).is_err() {
-                return Err(Refusal::QueueFull);
-            }
-            self.publish(&g);
-            (id, held, rx, deadline)
+    /// A lease on an engine for `ask`, waiting in the fair queue at most until `ask.since +
+    /// ask.wait` for room (or the hold timeout while no engine is ready).
+    pub async fn acquire(self: &Arc<Self>, ask: Ask) -> Result<Lease, Refusal> {
+        let (id, held, rx, deadline) = match self.enqueue(ask) {
+            Ok(Queued::Placed(lease)) => return Ok(lease),
+            Ok(Queued::Waiting(w)) => w,
+            Err(r) => return Err(r),
         };
         // Bound first, so a lease that arrived with the deadline is dropped (and its slot
         // returned) before the lock is taken below.
@@ -401,16 +439,78 @@ impl Dispatcher {
         }
     }
 
+    /// Places `ask` now, or queues it (its id, whether held, its lease's receiver and its
+    /// deadline), or refuses it.
+    fn enqueue(self: &Arc<Self>, ask: Ask) -> Result<Queued, Refusal> {
+        let mut g = self.lock();
+        let want = Want {
+            key: ask.key,
+            exclude: ask.exclude,
+            tenant: ask.tenant.clone(),
+            cost: ask.cost,
+        };
+        // Place at once only when no one of this tier or above waits for room: a newcomer
+        // does not overtake the queue (the queue decides who is next).
+        if g.queue.is_empty()
+            && let Some(lease) = self.try_place(&mut g, &want)
+        {
+            return Ok(Queued::Placed(lease));
+        }
+        let now = Instant::now();
+        let held = !g.engines.iter().any(EngineSlot::live);
+        let (deadline, bound) = if held {
+            (now + self.cfg.hold_timeout, self.cfg.max_held)
+        } else {
+            (ask.since + ask.wait, self.cfg.max_queued)
+        };
+        let in_class = if held {
+            g.queue.held()
+        } else {
+            g.queue.len() - g.queue.held()
+        };
+        if in_class >= bound {
+            return Err(if held {
+                Refusal::NoEngine
+            } else {
+                Refusal::QueueFull
+            });
+        }
+        let (tx, rx) = oneshot::channel();
+        let id = g.next_id;
+        g.next_id += 1;
+        let entry = Entry {
+            id,
+            priority: ask.priority,
+            tier: ask.tier,
+            tenant: ask.tenant,
+            cost: ask.cost,
+            arrived: ask.since,
+            deadline,
+            held,
+            item: Waiter { want, tx },
+        };
+        match g.queue.push(entry) {
+            Ok(()) => {}
+            Err((Refused::TenantFull, _)) => return Err(Refusal::TenantQueueFull),
+            Err((Refused::Full, _)) => return Err(Refusal::QueueFull),
+        }
+        // Someone may be placeable now (the queue was not empty, or room just appeared).
+        self.pump(g);
+        Ok(Queued::Waiting((id, held, rx, deadline)))
+    }
+
     /// Places a request now, or None when no eligible engine has room.
-    fn try_place(
-        self: &Arc<Self>,
-        g: &mut Inner,
-        key: Option<Key>,
-        exclude: Option<u64>,
-    ) -> Option<Lease> {
-        let slots = self.cfg.engine_slots.max(1);
-        let ok = |e: &EngineSlot| e.live() && e.in_flight < slots && Some(e.id) != exclude;
-        let (idx, affinity) = match key {
+    fn try_place(self: &Arc<Self>, g: &mut Inner, want: &Want) -> Option<Lease> {
+        let now = Instant::now();
+        let cap = self.capacity();
+        let room = |e: &EngineSlot| {
+            if Some(e.id) == want.exclude {
+                None
+            } else {
+                e.room(now, &cap)
+            }
+        };
+        let (idx, affinity) = match want.key {
             Some(k) => {
                 let loads: Vec<u64> = g
                     .ring_members
@@ -418,7 +518,7 @@ impl Dispatcher {
                     .map(|&i| g.engines[i].in_flight)
                     .collect();
                 let p = g.ring.place(k.hash, &loads, self.cfg.load_factor, |r| {
-                    ok(&g.engines[g.ring_members[r]])
+                    room(&g.engines[g.ring_members[r]]).is_some()
                 })?;
                 let affinity = if p.first {
                     Affinity::Hit
@@ -437,20 +537,27 @@ impl Dispatcher {
                 g.rr = g.rr.wrapping_add(1);
                 let idx = (0..n)
                     .map(|j| (start + j) % n)
-                    .filter(|&i| ok(&g.engines[i]))
-                    .min_by_key(|&i| g.engines[i].in_flight)?;
+                    .filter_map(|i| room(&g.engines[i]).map(|load| (i, load)))
+                    // Least loaded; among equals, the most KV free; then round robin.
+                    .min_by_key(|&(i, load)| (load, std::cmp::Reverse(g.engines[i].kv_free())))?
+                    .0;
                 (idx, None)
             }
         };
         let e = &mut g.engines[idx];
         e.in_flight += 1;
-        self.observer.placed(key, affinity);
-        Some(Lease {
+        e.since_report += 1;
+        let lease = Lease {
             disp: Some(Arc::clone(self)),
             engine_id: e.id,
             name: e.name.clone(),
             url: e.url.clone(),
-        })
+            tenant: want.tenant.clone(),
+            charged: Some(want.cost),
+        };
+        g.queue.ledger().add(&want.tenant, want.cost as f64, now);
+        self.observer.placed(want.key, affinity);
+        Some(lease)
     }
 
     fn release(self: &Arc<Self>, engine_id: u64) {
@@ -471,37 +578,35 @@ impl Dispatcher {
     fn pump(self: &Arc<Self>, mut g: MutexGuard<'_, Inner>) {
         let now = Instant::now();
         g.queue.expire(now);
-        while !g.queue.is_empty() {
-            let Some(entry) = g.queue.pop(now, |_| true) else {
-                break;
-            };
-            let w = entry.item;
-            match self.try_place(&mut g, w.key, w.exclude) {
+        while let Some(entry) = g.queue.pop(now) {
+            match self.try_place(&mut g, &entry.item.want) {
                 Some(lease) => {
-                    if let Err(mut lease) = w.tx.send(lease) {
-                        // The waiter has gone: return its slot without re-entering.
-                        lease.disp = None;
-                        if let Some(e) = g.engines.iter_mut().find(|e| e.id == lease.engine_id) {
-                            e.in_flight = e.in_flight.saturating_sub(1);
-                        }
+                    if let Err(lease) = entry.item.tx.send(lease) {
+                        self.take_back(&mut g, lease);
                     }
                 }
                 None => {
                     // No room anywhere (placement spills across the ring): put it back.
-                    let back = Entry {
-                        id: entry.id,
-                        priority: entry.priority,
-                        arrived: entry.arrived,
-                        deadline: entry.deadline,
-                        held: entry.held,
-                        item: w,
-                    };
-                    let _ = g.queue.push(back);
+                    g.queue.put_back(entry);
                     break;
                 }
             }
         }
         self.publish(&g);
+    }
+
+    /// A lease whose waiter had gone: its slot and its charge return, without re-entering
+    /// the lock.
+    fn take_back(&self, g: &mut Inner, mut lease: Lease) {
+        lease.disp = None;
+        if let Some(e) = g.engines.iter_mut().find(|e| e.id == lease.engine_id) {
+            e.in_flight = e.in_flight.saturating_sub(1);
+        }
+        if let Some(charged) = lease.charged.take() {
+            g.queue
+                .ledger()
+                .correct(&lease.tenant, charged, 0, Instant::now());
+        }
     }
 
     fn publish(&self, g: &Inner) {
@@ -517,6 +622,12 @@ impl Dispatcher {
         let held = g.queue.held();
         self.observer.gauges(g.queue.len() - held, held, &states);
     }
+}
+
+/// What [`Dispatcher::enqueue`] did with a request.
+enum Queued {
+    Placed(Lease),
+    Waiting((u64, bool, oneshot::Receiver<Lease>, Instant)),
 }
 
 /// What an endpoint push changed, logged so that the router's log tells when an engine
@@ -536,3 +647,7 @@ impl SetChange {
         tracing::info!(added = ?self.added, removed = ?self.removed, draining = ?self.draining, "engine set changed");
     }
 }
+
+#[cfg(test)]
+#[path = "dispatch_tests.rs"]
+mod tests;

@@ -6,6 +6,9 @@
 //! engine sends it (backpressure: nothing is read from the engine faster than the client
 //! reads); an engine that breaks mid-stream ends that one stream, with an SSE error event
 //! when the answer is a stream; the router token and identity headers go only to engines.
+//! Every answer's load header is recorded for its engine; a refusal for room
+//! (`queue_full`) marks the engine full until it reports again and refunds the tenant's
+//! charge; a finished answer's `usage` settles the charge.
 
 use std::future::Future;
 use std::pin::Pin;
@@ -17,9 +20,10 @@ use axum::http::{HeaderMap, HeaderName, HeaderValue, StatusCode};
 use axum::response::Response;
 use futures::Stream;
 use serde_json::Value;
-use tidegate_api::router::header;
+use tidegate_api::router::{EngineLoad, header};
 
 use super::dispatch::Lease;
+use super::usage::UsageScan;
 use tidegate_http::tenancy::Identity;
 
 /// Why a forward produced no response.
@@ -101,6 +105,14 @@ pub async fn forward(
         }
     };
     let status = resp.status();
+    if let Some(load) = resp
+        .headers()
+        .get(header::ENGINE_LOAD)
+        .and_then(|v| v.to_str().ok())
+        .and_then(EngineLoad::parse)
+    {
+        lease.report(load);
+    }
     let mut headers = HeaderMap::new();
     for name in RETURNED {
         if let Some(v) = resp.headers().get(*name) {
@@ -118,6 +130,7 @@ pub async fn forward(
         let body = Body::from_stream(Passthrough {
             inner: Box::pin(resp.bytes_stream()),
             lease: Some(lease),
+            usage: UsageScan::default(),
             sse,
             done: false,
             idle_after: o.idle_timeout,
@@ -131,11 +144,17 @@ pub async fn forward(
             .ok()
             .and_then(Result::ok)
             .unwrap_or_default();
-        drop(lease);
+        let mut lease = lease;
         let code = serde_json::from_slice::<Value>(&bytes)
             .ok()
             .and_then(|v| v["error"]["code"].as_str().map(str::to_string))
             .unwrap_or_default();
+        // Not served: nothing of the tenant's charge was spent.
+        lease.settle(0);
+        if status == StatusCode::TOO_MANY_REQUESTS && code == "queue_full" {
+            lease.refused_for_room();
+        }
+        drop(lease);
         (Body::from(bytes), refusal_outcome(status, &code))
     };
     let mut response = Response::new(body);
@@ -149,6 +168,7 @@ pub async fn forward(
 pub fn refusal_outcome(status: StatusCode, code: &str) -> &'static str {
     match code {
         "queue_full" => "queue_full",
+        "tenant_queue_full" => "tenant_queue_full",
         "no_ready_engine" => "hold_timeout",
         "queue_timeout" => "queue_timeout",
         "new_tenant_admission_paused" => "paused",
@@ -165,6 +185,7 @@ type ByteStream = Pin<Box<dyn Stream<Item = reqwest::Result<Bytes>> + Send>>;
 struct Passthrough {
     inner: ByteStream,
     lease: Option<Lease>,
+    usage: UsageScan,
     sse: bool,
     done: bool,
     idle_after: Duration,
@@ -201,12 +222,17 @@ impl Stream for Passthrough {
                 Poll::Ready(Some(self.end_broken(&why)))
             }
             Poll::Ready(Some(Ok(b))) => {
+                self.usage.feed(&b);
                 let next = tokio::time::Instant::now() + self.idle_after;
                 self.idle.as_mut().reset(next);
                 Poll::Ready(Some(Ok(b)))
             }
             Poll::Ready(None) => {
                 self.done = true;
+                let total = self.usage.total();
+                if let (Some(lease), Some(tokens)) = (self.lease.as_mut(), total) {
+                    lease.settle(tokens);
+                }
                 self.lease = None;
                 Poll::Ready(None)
             }

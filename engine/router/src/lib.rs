@@ -1,26 +1,37 @@
 //! The pool router (`tidegate-engine route`): one front door for a pool's engines.
 //!
 //! Per request, in the design's order: body within bounds, identity (API key or trusted
-//! gateway headers, resolved once, here), the new-tenant gate, the tenant's rate limits
-//! (this router's share of them), then a lease on an engine from the [`dispatch`] layer:
-//! KV-affine (session, else prompt prefix) with bounded load, waiting in the tier queue
-//! while no engine has room, or held while the pool has no ready engine at all. The request
-//! then goes to that engine with the router's identity headers, and its answer streams
-//! back with `x-tidegate-engine` naming the engine.
+//! gateway headers, resolved once, here), the new-tenant gate (the pushed registry, or a
+//! tenant this router accepted itself: [`accepted`]), the tenant's rate limits (this
+//! router's share of them, 1/R of the R live routers: [`share`]), the tenant recorded as
+//! accepted, then a lease on an engine from the [`dispatch`] layer: KV-affine (session, else
+//! prompt prefix) with bounded load, waiting in the fair queue (tier, then tenant, then
+//! FIFO: [`queue`]) while no engine has room, or held while the pool has no ready engine at
+//! all. The request then goes to that engine with the router's identity headers, and its
+//! answer streams back with `x-tidegate-engine` naming the engine.
 //!
 //! Invariants: the admin API never listens without a token; a connect failure is retried
-//! once on another engine and a request already sent is never replayed; every request is
+//! once on another engine and a request already sent is never replayed, except one the
+//! engine refused for room (`queue_full`: it never started), which goes back into the
+//! router's queue with its place and deadline (at most [`MAX_PUT_BACK`] times); every request is
 //! counted once in `tidegate_router_requests_total` with its outcome; engine health comes
 //! from probing each engine's readiness path every [`PROBE_INTERVAL`], and a failed connect
-//! marks an engine down at once.
+//! marks an engine down at once; the router is ready (`/readyz`) only once it holds the
+//! pool's policy ([`ready`]).
 
+pub mod accepted;
 pub mod cli;
 pub mod dispatch;
+pub mod engine_slot;
 pub mod forward;
 pub mod metrics;
 pub mod queue;
+pub mod ready;
 pub mod request;
 pub mod ring;
+pub mod service;
+pub mod share;
+pub mod usage;
 
 use std::net::SocketAddr;
 use std::sync::Arc;
@@ -33,16 +44,16 @@ use axum::extract::{Request, State};
 use axum::http::{HeaderMap, StatusCode, Uri};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post, put};
-use tidegate_api::engine_admin::{EnginePolicy, POLICY_PATH};
+use tidegate_api::engine_admin::{EnginePolicy, POLICY_PATH, TENANTS_PATH};
 use tidegate_api::engine_launch as launch;
 use tidegate_api::router::{
-    ENDPOINTS_PATH, EndpointView, EndpointsView, RouterEndpoint, RouterEndpoints,
+    ENDPOINTS_PATH, EndpointView, EndpointsView, EngineLoad, RouterEndpoint, RouterEndpoints,
+    header,
 };
-use tidegate_api::{RateLimits, Tier};
 use tokio::net::TcpListener;
 use tokio::task::JoinHandle;
 
-use dispatch::{DispatchConfig, Dispatcher, Health, Lease, Refusal};
+use dispatch::{Ask, DispatchConfig, Dispatcher, Health, Lease, Refusal};
 use forward::{ForwardError, Outbound, forward};
 use metrics::{MetricsObserver, RouterMetrics};
 use request::RouteInfo;
@@ -50,7 +61,6 @@ use tidegate_http::auth::AdminAuth;
 use tidegate_http::body::read_limited;
 use tidegate_http::error::ApiError;
 use tidegate_http::error::SubmitError;
-use tidegate_http::tenancy::new_tenant_gate;
 use tidegate_http::tenancy::rate_limit::RateLimiter;
 use tidegate_http::tenancy::{CompiledPolicy, Identity, PolicyStore};
 
@@ -60,6 +70,12 @@ pub const PROBE_INTERVAL: Duration = Duration::from_millis(500);
 const PROBE_TIMEOUT: Duration = Duration::from_secs(1);
 /// Connecting to an engine takes at most this; past it the engine is down.
 const CONNECT_TIMEOUT: Duration = Duration::from_secs(1);
+/// Engine load figures older than this count as full: four probe intervals, so a probe
+/// or two lost (or slow) does not take an engine out, but one that stopped answering does.
+pub const LOAD_STALE_AFTER: Duration = Duration::from_secs(2);
+/// Times one request goes back into the queue after an engine refused it for room, at most
+/// (each time the refusing engine counts as full until it reports again).
+pub const MAX_PUT_BACK: u32 = 8;
 
 /// Router settings (the CLI builds these from flags and env).
 #[derive(Clone, Debug)]
@@ -71,7 +87,8 @@ pub struct RouterConfig {
     /// Sent to engines with the identity headers; None sends none (engines then identify
     /// requests themselves, from the client's headers, which are not passed on).
     pub router_token: Option<String>,
-    /// Router replicas sharing the tenants' rate limits: each enforces 1/share.
+    /// Router replicas sharing the tenants' rate limits until the operator pushes the count
+    /// of ready ones: each enforces 1/share.
     pub limit_share: u32,
     /// An engine silent this long while it has a request has hung (its answer ends).
     pub stream_idle_timeout: Duration,
@@ -84,6 +101,12 @@ pub struct RouterState {
     pub dispatch: Arc<Dispatcher>,
     pub metrics: Arc<RouterMetrics>,
     pub policy: PolicyStore,
+    /// Tenants this router accepted (it reports them to the operator and admits them).
+    pub accepted: accepted::Accepted,
+    /// This router's share of the rate limits (the pushed count of ready routers).
+    pub share: share::LimitShare,
+    /// Ready once it holds the pool's policy.
+    pub ready: ready::PolicyReadiness,
     limiter: RateLimiter,
     http: reqwest::Client,
     config: RouterConfig,
@@ -168,6 +191,12 @@ pub fn start(
         dispatch,
         metrics,
         policy: PolicyStore::new(compiled),
+        accepted: accepted::Accepted::default(),
+        share: share::LimitShare::new(config.limit_share),
+        // Nobody pushes to a router without an admin API; one given a policy file has one.
+        ready: ready::PolicyReadiness::new(
+            admin_token.is_none() || config.initial_policy != EnginePolicy::default(),
+        ),
         limiter: RateLimiter::default(),
         http,
         config,
@@ -209,7 +238,7 @@ fn api_routes(state: Arc<RouterState>) -> Router {
         .route("/v1/chat/completions", post(chat_completions))
         .route("/v1/models", get(models))
         .route(launch::HEALTHZ_PATH, get(|| async { "ok" }))
-        .route(launch::READYZ_PATH, get(|| async { "ready" }))
+        .route(launch::READYZ_PATH, get(ready::readyz))
         .route(launch::METRICS_PATH, get(metrics_text))
         .fallback(
             |uri: Uri| async move { ApiError::NotFound(uri.path().chars().take(200).collect()) },
@@ -222,6 +251,7 @@ fn admin_routes(state: Arc<RouterState>) -> Router {
     Router::new()
         .route(POLICY_PATH, put(put_policy))
         .route(ENDPOINTS_PATH, put(put_endpoints).get(get_endpoints))
+        .route(TENANTS_PATH, get(accepted::get_tenants))
         .fallback(|| async { ApiError::NotFound("admin route".into()) })
         .method_not_allowed_fallback(|| async { ApiError::MethodNotAllowed })
         .with_state(state)
@@ -250,15 +280,6 @@ async fn route(app: Arc<RouterState>, path: &'static str, request: Request) -> R
     response
 }
 
-/// This router's share of a tier's limits (each of `share` routers enforces 1/share).
-fn shared_limits(limits: Option<&RateLimits>, share: u32) -> Option<RateLimits> {
-    let share = i64::from(share.max(1));
-    limits.map(|l| RateLimits {
-        requests_per_minute: l.requests_per_minute.map(|r| (r + share - 1) / share),
-        tokens_per_minute: l.tokens_per_minute.map(|t| (t + share - 1) / share),
-    })
-}
-
 async fn admit_and_forward(
     app: &Arc<RouterState>,
     path: &'static str,
@@ -278,100 +299,137 @@ async fn admit_and_forward(
     tier_name.clone_from(&identity.tier.name);
     let max_output = u64::try_from(identity.tier.max_output_tokens.max(1)).unwrap_or(1);
     let info = RouteInfo::parse(&body, &headers, &identity.tenant, max_output)?;
-    new_tenant_gate(&policy, &identity)?;
-    let limits = shared_limits(identity.tier.rate_limits.as_ref(), app.config.limit_share);
+    app.accepted.gate(&policy, &identity)?;
+    let limits = app.share.limits(identity.tier.rate_limits.as_ref());
     app.limiter.check(
         &identity.tenant,
         limits.as_ref(),
         info.estimated_tokens,
         Instant::now(),
     )?;
-    let lease = lease_for(app, &identity.tier, &info, None).await?;
+    let ask = Ask {
+        key: info.key,
+        priority: i64::from(identity.tier.priority),
+        tier: identity.tier.name.clone(),
+        tenant: identity.tenant.clone(),
+        cost: info.estimated_tokens,
+        wait: identity.tier.queue_wait_target.as_std(),
+        since: Instant::now(),
+        exclude: None,
+    };
+    // Existing from here: recorded before the request waits, so a pause that arrives while it
+    // waits never refuses this tenant's next request.
+    let record = app.accepted.record(&identity);
+    let lease = lease_for(app, ask.clone())
+        .await
+        .inspect_err(|e| app.accepted.refused(&record, e))?;
     app.metrics
         .queue_waited(&identity.tier.name, arrived.elapsed().as_secs_f64());
-    send(app, path, &headers, &identity, body, &info, lease).await
+    let request = Forwarding {
+        path,
+        headers: &headers,
+        identity: &identity,
+        body,
+    };
+    send(app, &request, ask, lease).await
 }
 
 /// A lease for the request, or the refusal the client gets.
-async fn lease_for(
-    app: &Arc<RouterState>,
-    tier: &Tier,
-    info: &RouteInfo,
-    exclude: Option<u64>,
-) -> Result<Lease, ApiError> {
-    let wait = tier.queue_wait_target.as_std();
+async fn lease_for(app: &Arc<RouterState>, ask: Ask) -> Result<Lease, ApiError> {
+    let wait = ask.wait;
     let retry_after = Duration::from_secs(1).max(wait);
-    app.dispatch
-        .acquire(info.key, i64::from(tier.priority), wait, exclude)
-        .await
-        .map_err(|r| match r {
-            Refusal::QueueFull => ApiError::Submit(SubmitError::QueueFull { retry_after }),
-            Refusal::QueueTimeout => ApiError::Submit(SubmitError::QueueTimeout {
-                target: wait,
-                retry_after,
-            }),
-            Refusal::NoEngine => ApiError::NoReadyEngine {
-                retry_after: Duration::from_secs(5),
-            },
-        })
+    app.dispatch.acquire(ask).await.map_err(|r| match r {
+        Refusal::QueueFull => ApiError::Submit(SubmitError::QueueFull { retry_after }),
+        Refusal::TenantQueueFull => ApiError::TenantQueueFull { retry_after },
+        Refusal::QueueTimeout => ApiError::Submit(SubmitError::QueueTimeout {
+            target: wait,
+            retry_after,
+        }),
+        Refusal::NoEngine => ApiError::NoReadyEngine {
+            retry_after: Duration::from_secs(5),
+        },
+    })
 }
 
-/// Forwards to the lease's engine; on a connect failure, once more to another engine.
+/// A client request on its way to an engine.
+struct Forwarding<'a> {
+    path: &'static str,
+    headers: &'a HeaderMap,
+    identity: &'a Identity,
+    body: Bytes,
+}
+
+/// Forwards to the lease's engine. On a connect failure, once more to another engine; on
+/// a refusal for room (the engine's `queue_full`: the request never started), back into the
+/// queue with its place and deadline, then to whichever engine has room.
 async fn send(
     app: &Arc<RouterState>,
-    path: &'static str,
-    headers: &HeaderMap,
-    identity: &Identity,
-    body: Bytes,
-    info: &RouteInfo,
-    lease: Lease,
+    request: &Forwarding<'_>,
+    mut ask: Ask,
+    mut lease: Lease,
 ) -> Result<(Response, &'static str), ApiError> {
-    let outbound = |body: Bytes| Outbound {
+    let outbound = || Outbound {
         method: reqwest::Method::POST,
         idle_timeout: app.config.stream_idle_timeout,
-        path,
-        client_headers: headers,
-        identity,
+        path: request.path,
+        client_headers: request.headers,
+        identity: request.identity,
         router_token: app.config.router_token.as_deref(),
-        body,
+        body: request.body.clone(),
     };
-    match forward(&app.http, lease, outbound(body.clone())).await {
-        Ok(done) => Ok(done),
-        Err((ForwardError::Connect(why), lease)) => {
-            let failed = lease.engine_id();
-            tracing::warn!(engine = %lease.name, error = %why, "engine unreachable; trying another");
-            drop(lease);
-            app.dispatch.set_health(failed, Health::Down);
-            let lease = lease_for(app, &identity.tier, info, Some(failed)).await?;
-            match forward(&app.http, lease, outbound(body)).await {
-                Ok(done) => Ok(done),
-                Err((e, lease)) => {
-                    app.dispatch.set_health(lease.engine_id(), Health::Down);
-                    Err(ApiError::EngineFailed(format!("no engine answered: {e:?}")))
-                }
+    let (mut put_back, mut reconnected) = (0, false);
+    loop {
+        let engine = lease.engine_id();
+        match forward(&app.http, lease, outbound()).await {
+            Ok((_, "queue_full")) if put_back < MAX_PUT_BACK => {
+                put_back += 1;
+                tracing::debug!(
+                    engine,
+                    put_back,
+                    "engine full: the request waits here again"
+                );
+            }
+            Ok(done) => return Ok(done),
+            Err((ForwardError::Connect(why), lease)) if !reconnected => {
+                reconnected = true;
+                tracing::warn!(engine = %lease.name, error = %why, "engine unreachable; trying another");
+                drop(lease);
+                app.dispatch.set_health(engine, Health::Down);
+                ask.exclude = Some(engine);
+            }
+            Err((ForwardError::Connect(why), lease)) => {
+                drop(lease);
+                app.dispatch.set_health(engine, Health::Down);
+                return Err(ApiError::EngineFailed(format!("no engine answered: {why}")));
+            }
+            Err((ForwardError::Sent(why), lease)) => {
+                tracing::warn!(engine = %lease.name, error = %why, "engine failed after the request was sent");
+                return Err(ApiError::EngineFailed(format!(
+                    "the engine failed before answering: {why}"
+                )));
             }
         }
-        Err((ForwardError::Sent(why), lease)) => {
-            tracing::warn!(engine = %lease.name, error = %why, "engine failed after the request was sent");
-            Err(ApiError::EngineFailed(format!(
-                "the engine failed before answering: {why}"
-            )))
-        }
+        lease = lease_for(app, ask.clone()).await?;
     }
 }
 
 async fn models(State(app): State<Arc<RouterState>>) -> Response {
-    let info = RouteInfo {
-        key: None,
-        estimated_tokens: 0,
-        stream: false,
-    };
     let tier = app.policy.get().spec.default_tier.clone();
     let tier = match app.policy.get().spec.tier(&tier) {
         Some(t) => t.clone(),
         None => return ApiError::Internal("no default tier".into()).into_response(),
     };
-    let lease = match lease_for(&app, &tier, &info, None).await {
+    let ask = Ask {
+        key: None,
+        priority: i64::from(tier.priority),
+        tier: tier.name.clone(),
+        tenant: tidegate_http::tenancy::ANONYMOUS.to_string(),
+        cost: 0,
+        wait: tier.queue_wait_target.as_std(),
+        since: Instant::now(),
+        exclude: None,
+    };
+    let lease = match lease_for(&app, ask).await {
         Ok(l) => l,
         Err(e) => return e.into_response(),
     };
@@ -409,19 +467,30 @@ async fn probe_loop(app: Arc<RouterState>) {
             let app = Arc::clone(&app);
             async move {
                 let url = format!("{}{}", url.trim_end_matches('/'), launch::READYZ_PATH);
-                let health = match app.http.get(url).timeout(PROBE_TIMEOUT).send().await {
-                    Ok(r) if r.status().is_success() => Health::Ready,
-                    Ok(_) => Health::NotReady,
-                    Err(_) => Health::Down,
+                let (health, load) = match app.http.get(url).timeout(PROBE_TIMEOUT).send().await {
+                    Ok(r) => {
+                        let load = r
+                            .headers()
+                            .get(header::ENGINE_LOAD)
+                            .and_then(|v| v.to_str().ok())
+                            .and_then(EngineLoad::parse);
+                        let health = if r.status().is_success() {
+                            Health::Ready
+                        } else {
+                            Health::NotReady
+                        };
+                        (health, load)
+                    }
+                    Err(_) => (Health::Down, None),
                 };
-                app.dispatch.set_health(id, health);
+                app.dispatch.set_probe(id, health, load, Instant::now());
             }
         });
         futures::future::join_all(probes).await;
     }
 }
 
-fn authorize(app: &RouterState, headers: &HeaderMap) -> Result<(), ApiError> {
+pub(crate) fn authorize(app: &RouterState, headers: &HeaderMap) -> Result<(), ApiError> {
     tidegate_http::auth::check_bearer(headers, app.admin_token.as_deref())
 }
 
@@ -447,6 +516,7 @@ async fn put_policy(
         .map_err(|e| ApiError::invalid(format!("invalid policy: {e}"), None))?;
     tracing::info!(admission = policy.admission.state.as_str(), paused_tiers = ?policy.admission.paused_tiers, tenants = policy.admitted_tenants.len(), "policy pushed");
     app.policy.set(compiled);
+    app.ready.pushed();
     Ok(StatusCode::NO_CONTENT)
 }
 
@@ -465,6 +535,15 @@ async fn put_endpoints(
         "endpoints pushed"
     );
     app.dispatch.set_endpoints(&set.endpoints);
+    if let Some(before) = app.share.set(set.ready_routers) {
+        // The same R divides each engine's slots between the routers.
+        app.dispatch.set_slot_share(app.share.get());
+        tracing::info!(
+            from = before,
+            to = app.share.get(),
+            "routers sharing the rate limits and the engines' slots changed"
+        );
+    }
     Ok(endpoints_view(&app))
 }
 
@@ -490,5 +569,7 @@ fn endpoints_view(app: &RouterState) -> Json<EndpointsView> {
             .collect(),
         held: held as u64,
         queued: queued as u64,
+        limit_share: app.share.get(),
+        policy_pushed: app.ready.has_policy(),
     })
 }

@@ -231,6 +231,9 @@ pub struct ModelInfo {
     pub weight_bytes_per_token: u64,
     /// The kernels that run the weights (`int8 avx512-vnni, f32 avx512`, `candle`, `none`).
     pub kernels: String,
+    /// Requests the engine holds at most: its batch plus its own queue. Reported to routers
+    /// with every answer, so a router never needs to be told it.
+    pub slots: u64,
 }
 
 /// What the server needs from a token generator. Object safe: the server holds an

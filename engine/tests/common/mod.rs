@@ -1,6 +1,6 @@
 //! Shared test helpers: the seed-42 random model written once per test binary into a
 //! private temporary directory, a float comparison, an engine loop started and waited on, and
-//! a server's `/metrics` text.
+//! a server's `/metrics` text, and a client that writes a whole body before reading.
 #![allow(dead_code, clippy::unwrap_used)]
 
 use std::path::PathBuf;
@@ -82,4 +82,58 @@ pub async fn metrics_text(client: &reqwest::Client, base: &str) -> String {
         .text()
         .await
         .unwrap()
+}
+
+/// Reads one HTTP/1.1 response (head and a Content-Length body) from a blocking socket.
+pub fn read_response(conn: &mut std::net::TcpStream) -> std::io::Result<(String, Vec<u8>)> {
+    use std::io::Read;
+    let mut buf = Vec::new();
+    let mut chunk = [0u8; 4096];
+    let head_end = loop {
+        if let Some(at) = buf.windows(4).position(|w| w == b"\r\n\r\n") {
+            break at + 4;
+        }
+        let n = conn.read(&mut chunk)?;
+        if n == 0 {
+            return Err(std::io::ErrorKind::UnexpectedEof.into());
+        }
+        buf.extend_from_slice(&chunk[..n]);
+    };
+    let head = String::from_utf8_lossy(&buf[..head_end]).to_string();
+    let length: usize = head
+        .lines()
+        .find_map(|l| {
+            let (k, v) = l.split_once(':')?;
+            k.eq_ignore_ascii_case("content-length")
+                .then(|| v.trim().parse().ok())?
+        })
+        .unwrap_or(0);
+    let mut body = buf[head_end..].to_vec();
+    while body.len() < length {
+        let n = conn.read(&mut chunk)?;
+        if n == 0 {
+            return Err(std::io::ErrorKind::UnexpectedEof.into());
+        }
+        body.extend_from_slice(&chunk[..n]);
+    }
+    Ok((head, body))
+}
+
+/// Sends a request with a JSON body of `body_bytes` whole, then reads the answer (as
+/// Python's urllib does).
+pub fn send_whole(addr: String, body_bytes: usize) -> std::io::Result<(String, Vec<u8>)> {
+    use std::io::Write;
+    let mut conn = std::net::TcpStream::connect(addr)?;
+    conn.set_read_timeout(Some(Duration::from_secs(30)))?;
+    conn.set_write_timeout(Some(Duration::from_secs(30)))?;
+    let pad = body_bytes.saturating_sub(r#"{"prompt": ""}"#.len());
+    let body = format!(r#"{{"prompt": "{}"}}"#, "x".repeat(pad));
+    let head = format!(
+        "POST /v1/completions HTTP/1.1\r\nhost: x\r\ncontent-type: application/json\r\n\
+         content-length: {}\r\n\r\n",
+        body.len()
+    );
+    conn.write_all(head.as_bytes())?;
+    conn.write_all(body.as_bytes())?;
+    read_response(&mut conn)
 }

@@ -3,7 +3,8 @@
 //!
 //! Routes (all require `Authorization: Bearer <admin token>`; without it: 401):
 //! - `PUT  /admin/v1/policy`            body [`EnginePolicy`] → 204
-//! - `GET  /admin/v1/tenants?since=MS`  → [`AdmittedTenants`] (first admitted at or after MS)
+//! - `GET  /admin/v1/tenants?since=MS`  → [`AdmittedTenants`] (first admitted at or after MS;
+//!   the pool's routers answer it too, with the tenants they accepted: `router.rs`)
 //! - `POST /admin/v1/drain`             body [`DrainRequest`] → 202 [`DrainStatus`]
 //! - `GET  /admin/v1/drain`             → [`DrainStatus`]
 //!
@@ -86,7 +87,7 @@ fn default_retry_after() -> u64 {
     30
 }
 
-/// Tenants an engine admitted for the first time since a point in time.
+/// Tenants an engine admitted (or a router accepted) for the first time since a point in time.
 #[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase")]
 pub struct AdmittedTenants {

@@ -223,13 +223,16 @@ pub fn removal_due(victims: &[Victim], answers: &[DrainAnswer]) -> bool {
             .all(|(v, a)| v.expired || v.done(*a))
 }
 
-/// The ready engines to ask for newly admitted tenants, each with the watermark of its last
-/// answer (its own clock).
+/// The ready engines and every router to ask for newly admitted tenants, each with the
+/// watermark of its last answer (its own clock). Routers are asked first-hand: a tenant is
+/// existing from the moment a router accepted its request into the pool, which may be long
+/// before an engine admits it (it waits in the router's queue), so the registry pushed with a
+/// pause already holds it. A router is asked whether or not it is ready yet (its admin API
+/// answers from its start); one that does not answer is logged and asked again next tick.
 pub fn collect_from(workload: &WorkloadState, registry: &Registry) -> Vec<(Endpoint, u64)> {
-    workload
-        .endpoints
-        .iter()
-        .filter(|e| e.ready)
+    let engines = workload.endpoints.iter().filter(|e| e.ready);
+    engines
+        .chain(&workload.routers)
         .map(|e| {
             let since = registry.watermarks.get(&e.name).copied().unwrap_or(0);
             (e.clone(), since)
@@ -263,8 +266,8 @@ pub fn registry_save_due(merged: &Merged, saved_at: Option<Millis>, now: Millis)
             && saved_at.is_none_or(|at| now.saturating_sub(at) >= WATERMARK_SAVE_MS))
 }
 
-/// Merges what engines reported, forgets tenants not seen within the pool's tenant memory
-/// and the watermarks of engines that are gone.
+/// Merges what engines and routers reported, forgets tenants not seen within the pool's
+/// tenant memory and the watermarks of engines and routers that are gone.
 pub fn merge_reports(
     registry: &mut Registry,
     reports: &[(String, AdmittedTenants)],
@@ -282,9 +285,9 @@ pub fn merge_reports(
     }
     let window = spec.admission.tenant_memory.as_std().as_millis() as u64;
     registry.prune(now, window);
-    registry
-        .watermarks
-        .retain(|name, _| workload.endpoints.iter().any(|e| &e.name == name));
+    let live =
+        |name: &str| (workload.endpoints.iter().chain(&workload.routers)).any(|e| e.name == name);
+    registry.watermarks.retain(|name, _| live(name));
     Merged {
         added,
         changed: registry.tenants != before.tenants,
@@ -322,17 +325,38 @@ pub fn push_due(last: Option<&(EnginePolicy, Millis)>, policy: &EnginePolicy, no
     }
 }
 
+/// Where this tick's policy push goes: every ready engine and router when the push is due,
+/// and in any case every router that answered the endpoint push without a policy (it just
+/// started and stays not ready until it has one, so readiness cannot be what picks it).
+pub fn policy_targets<'w>(
+    workload: &'w WorkloadState,
+    due: bool,
+    without_policy: &[String],
+) -> Vec<&'w Endpoint> {
+    let engines = workload.endpoints.iter().filter(|e| due && e.ready);
+    let routers = workload
+        .routers
+        .iter()
+        .filter(|r| (due && r.ready) || without_policy.contains(&r.name));
+    engines.chain(routers).collect()
+}
+
 #[cfg(test)]
 #[path = "decide_tests.rs"]
 mod tests;
 
 /// The engine set a router gets: every replica the runtime runs, accepting unless it is
-/// being drained (the router probes readiness itself).
+/// being drained (the router probes readiness itself), and the count of ready routers, each
+/// of which enforces 1/R of every tenant's limits: the routers that take traffic now, not
+/// the spec's count, so a router that died leaves its share to the others at this push.
+/// With no router ready the count is left out and each keeps its share.
 pub fn router_endpoints(
     workload: &WorkloadState,
     draining: impl Fn(&str) -> bool,
 ) -> tidegate_api::router::RouterEndpoints {
+    let ready = workload.routers.iter().filter(|r| r.ready).count();
     tidegate_api::router::RouterEndpoints {
+        ready_routers: u32::try_from(ready).ok().filter(|&r| r > 0),
         endpoints: workload
             .endpoints
             .iter()

@@ -1,7 +1,8 @@
 //! The driver's rules as pure decisions: scale-up and first apply, victims chosen once and
 //! kept, a drain asked once then polled, removal only when drained or out of grace, a
-//! called-off scale-down, the spec re-applied once per generation, the registry merge and
-//! the push schedule.
+//! called-off scale-down, the spec re-applied once per generation, the registry merge (the
+//! engines' admissions and the routers' acceptances) and the push schedule, and the count
+//! of live routers each router shares the rate limits by.
 
 use tidegate_api::AdmissionState;
 use tidegate_api::engine_admin::AdmittedTenant;
@@ -336,4 +337,123 @@ fn a_policy_is_pushed_when_new_changed_or_due_again() {
     let mut changed = policy.clone();
     changed.admitted_tenants.push("a".into());
     assert!(push_due(Some(&last), &changed, T0 + 1));
+}
+
+/// Three engines and these routers (name, ready).
+fn with_routers(routers: &[(&str, bool)]) -> WorkloadState {
+    WorkloadState {
+        routers: routers.iter().map(|(n, r)| endpoint(n, *r)).collect(),
+        ..three()
+    }
+}
+
+#[test]
+fn every_router_is_asked_for_the_tenants_it_accepted_ready_or_not() {
+    let mut registry = Registry::default();
+    registry.watermarks.insert("r1".into(), 7);
+    let w = with_routers(&[("r0", true), ("r1", false)]);
+    let asks: Vec<(String, u64)> = collect_from(&w, &registry)
+        .into_iter()
+        .map(|(e, since)| (e.name, since))
+        .collect();
+    // A router that stopped being ready (it is stopping) may still hold acceptances.
+    let names: Vec<&str> = asks.iter().map(|(n, _)| n.as_str()).collect();
+    assert_eq!(names, ["e0", "e1", "e2", "r0", "r1"]);
+    assert_eq!(asks[4], ("r1".to_string(), 7), "since its last answer");
+}
+
+#[test]
+fn a_tenant_a_router_accepted_is_in_the_registry_the_same_tick_before_any_engine_saw_it() {
+    let mut registry = Registry::default();
+    registry.merge("e0", &report(T0 - 10, &[("old", "free", T0 - 10)]));
+    let w = with_routers(&[("r0", true), ("r1", true)]);
+    // "queued" waits in r0's queue behind higher tiers: no engine has admitted it yet.
+    let reports = [
+        ("e0".to_string(), report(T0, &[])),
+        ("r0".to_string(), report(T0, &[("queued", "free", T0 - 5)])),
+        ("r1".to_string(), report(T0, &[("old", "free", T0 - 3)])),
+    ];
+    let merged = merge_reports(&mut registry, &reports, &w, &spec(), T0);
+    assert_eq!(merged.added, [("r0".to_string(), 1)]);
+    assert!(merged.changed && registry_save_due(&merged, Some(T0), T0));
+    assert_eq!(registry.tenant_ids(), ["old", "queued"]);
+    assert_eq!(
+        registry.tenants["old"].last_seen_ms,
+        T0 - 3,
+        "re-seen at r1"
+    );
+    // The pause pushed this tick carries it to every router and engine.
+    let admission = AdmissionPlan {
+        state: AdmissionState::PausedNewTenants,
+        since: Some(T0),
+        reason: "at the ceiling".into(),
+        paused_tiers: vec!["free".into()],
+    };
+    let p = policy_for(&spec(), None, &[], &admission, &registry);
+    assert_eq!(p.admitted_tenants, ["old", "queued"]);
+    assert!(push_due(Some(&(EnginePolicy::default(), T0)), &p, T0));
+}
+
+#[test]
+fn router_watermarks_are_kept_while_the_router_runs_and_forgotten_once_it_is_gone() {
+    let mut registry = Registry::default();
+    let reports = [("r0".to_string(), report(T0, &[("a", "free", T0)]))];
+    merge_reports(
+        &mut registry,
+        &reports,
+        &with_routers(&[("r0", false)]),
+        &spec(),
+        T0,
+    );
+    assert_eq!(registry.watermarks.get("r0"), Some(&T0));
+    let gone = merge_reports(&mut registry, &[], &three(), &spec(), T0 + 1);
+    assert!(gone.watermarks_moved && !registry.watermarks.contains_key("r0"));
+    assert!(
+        registry.contains("a"),
+        "its tenants stay: they are the pool's"
+    );
+}
+
+#[test]
+fn each_router_is_told_how_many_routers_are_ready_now() {
+    let share = |routers: &[(&str, bool)]| {
+        router_endpoints(&with_routers(routers), |_| false).ready_routers
+    };
+    assert_eq!(share(&[("r0", true), ("r1", true)]), Some(2));
+    // One of two died (or is not ready): the survivor enforces the whole limit.
+    assert_eq!(share(&[("r0", true), ("r1", false)]), Some(1));
+    assert_eq!(share(&[("r0", true)]), Some(1));
+    // A third is added: every router enforces a third once it is ready, not before.
+    assert_eq!(share(&[("r0", true), ("r1", true), ("r2", false)]), Some(2));
+    assert_eq!(share(&[("r0", true), ("r1", true), ("r2", true)]), Some(3));
+    assert_eq!(
+        share(&[("r0", false), ("r1", false)]),
+        None,
+        "none ready: kept"
+    );
+    assert_eq!(share(&[]), None);
+    let set = router_endpoints(&with_routers(&[("r0", true)]), |n| n == "e1");
+    let accepting: Vec<bool> = set.endpoints.iter().map(|e| e.accepting).collect();
+    assert_eq!(accepting, [true, false, true]);
+}
+
+#[test]
+fn a_router_without_a_policy_gets_it_whether_or_not_the_push_is_due() {
+    let w = WorkloadState {
+        endpoints: vec![endpoint("e0", true), endpoint("e1", false)],
+        routers: vec![endpoint("r0", true), endpoint("r1", false)],
+        ..three()
+    };
+    let names = |due: bool, without: &[&str]| -> Vec<String> {
+        let without: Vec<String> = without.iter().map(|s| s.to_string()).collect();
+        policy_targets(&w, due, &without)
+            .into_iter()
+            .map(|e| e.name.clone())
+            .collect()
+    };
+    assert_eq!(names(true, &[]), ["e0", "r0"], "due: the ready ones");
+    assert!(names(false, &[]).is_empty(), "not due: nobody");
+    // r1 just started: not ready until it has a policy, so it gets one now.
+    assert_eq!(names(false, &["r1"]), ["r1"]);
+    assert_eq!(names(true, &["r1"]), ["e0", "r0", "r1"]);
 }

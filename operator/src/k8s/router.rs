@@ -13,8 +13,10 @@
 //!   takes a GPU budget's slot.
 //! - The pod runs restricted, as the engine's does (same uid, read-only root, all
 //!   capabilities dropped, seccomp RuntimeDefault, no service-account token).
-//! - Each router enforces 1/replicas of every tenant limit (`--limit-share replicas`), so
-//!   the pool-wide limit is the tier's while every replica takes its share of the traffic.
+//! - Each router enforces 1/replicas of every tenant limit (`--limit-share replicas`) until
+//!   the operator's first endpoint push, which carries the count of ready routers (each
+//!   then enforces 1/ready), so the pool-wide limit is the tier's over the live routers
+//!   while every replica takes its share of the traffic.
 //! - The PodDisruptionBudget allows one router down at a time (maxUnavailable 1): a node
 //!   drain never blocks on a one-router pool, and at two or more one stays up.
 
@@ -108,8 +110,8 @@ pub fn router_pod_template(pool: &str, spec: &InferencePoolSpec) -> PodTemplateS
             container_port("admin", ROUTER_ADMIN_PORT),
         ]),
         resources: Some(router_resources()),
-        // The router starts in milliseconds and is ready at once (with no engine it holds
-        // requests): no startup probe.
+        // The router starts in milliseconds and is ready once the operator pushed it the
+        // pool's policy (with no engine it holds requests): no startup probe.
         liveness_probe: Some(http_probe(launch::HEALTHZ_PATH, 10, 3)),
         readiness_probe: Some(http_probe(launch::READYZ_PATH, 5, 2)),
         // The Service drops the pod before SIGTERM, so no new request reaches a router

@@ -7,9 +7,12 @@
 //! front of the pool would, and every request goes to the pool's router (its front door),
 //! which resolves the tenant, applies admission and picks the engine. Invariants: requests
 //! go only to the loopback router; every loop is bounded by the scenario's end time; every
-//! outcome is counted exactly once.
+//! outcome is counted exactly once; a new-tenant refusal of a tenant the pool had already
+//! accepted a request of (answered, or refused after it waited: [`ACCEPTED_CODES`]) is
+//! counted apart, with `/accepted_before` (the pool promises there are none; each user sends
+//! one request at a time, so "before" is exact).
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, HashSet};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
@@ -18,6 +21,18 @@ use tokio::sync::watch;
 
 /// Pause between a user's answered request and its next one.
 const THINK: Duration = Duration::from_millis(5);
+
+/// Error codes of a refusal that came after the pool had accepted the request (it waited in
+/// a queue, or reached an engine).
+pub const ACCEPTED_CODES: &[&str] = &["queue_timeout", "engine_failed"];
+
+/// The tally key of a refusal: `refused/STATUS/TYPE/KIND`, with `/accepted_before` when it is
+/// a new-tenant refusal of a tenant the pool had accepted a request of.
+pub fn refusal_key(status: u16, reason: &str, kind: &str, accepted_before: bool) -> String {
+    let after = accepted_before && reason == "new_tenant_admission_paused";
+    let tail = if after { "/accepted_before" } else { "" };
+    format!("refused/{status}/{reason}/{kind}{tail}")
+}
 
 /// The tidal scenario, in wall-clock time.
 #[derive(Clone, Debug)]
@@ -148,6 +163,8 @@ async fn user_loop(
     http: reqwest::Client,
 ) {
     let mut n = 0usize;
+    // Tenants of this user the pool accepted a request of (newcomers change name).
+    let mut accepted: HashSet<String> = HashSet::new();
     while Instant::now() < end {
         if index >= shape.users_at(start.elapsed()) {
             tokio::time::sleep(Duration::from_millis(250)).await;
@@ -187,6 +204,7 @@ async fn user_loop(
                 tally.served.fetch_add(1, Ordering::Relaxed);
                 tally.tokens.fetch_add(toks, Ordering::Relaxed);
                 tally.add(&format!("served/{kind}/{}", user.tier));
+                accepted.insert(tenant.clone());
                 // A short pause, not a think time: the sessions in flight (what the planner
                 // counts) must not depend on how fast this machine's engines answer, or a
                 // fast machine would never reach the ceiling's pause.
@@ -201,7 +219,12 @@ async fn user_loop(
                     .and_then(|v| v.parse::<u64>().ok());
                 let v: serde_json::Value = r.json().await.unwrap_or_default();
                 let reason = v["error"]["type"].as_str().unwrap_or("unknown").to_string();
-                tally.add(&format!("refused/{status}/{reason}/{kind}"));
+                let before = accepted.contains(&tenant);
+                tally.add(&refusal_key(status, &reason, kind, before));
+                let code = v["error"]["code"].as_str().unwrap_or("");
+                if ACCEPTED_CODES.contains(&code) || status == 502 {
+                    accepted.insert(tenant.clone());
+                }
                 // Honour Retry-After, capped so the demo keeps moving.
                 Duration::from_secs(retry.unwrap_or(1).clamp(1, 3))
             }
@@ -218,5 +241,28 @@ async fn user_loop(
             }
         };
         tokio::time::sleep(backoff).await;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_paused_refusal_of_a_tenant_accepted_before_is_tallied_apart() {
+        let paused = "new_tenant_admission_paused";
+        assert_eq!(
+            refusal_key(503, paused, "existing", true),
+            "refused/503/new_tenant_admission_paused/existing/accepted_before"
+        );
+        assert_eq!(
+            refusal_key(503, paused, "new", false),
+            "refused/503/new_tenant_admission_paused/new"
+        );
+        // Only the pause is a broken promise: a rate limit after an answer is not.
+        assert_eq!(
+            refusal_key(429, "rate_limit_error", "new", true),
+            "refused/429/rate_limit_error/new"
+        );
     }
 }

@@ -187,9 +187,7 @@ impl CompiledPolicy {
         headers: &HeaderMap,
         router_token: Option<&str>,
     ) -> Result<Identity, IdentityError> {
-        if let Some(token) = router_token
-            && header_str(headers, router::header::ROUTER_TOKEN)
-                .is_some_and(|t| same_secret(t.as_bytes(), token.as_bytes()))
+        if from_router(headers, router_token)
             && let Some(tenant) = header_str(headers, router::header::TENANT)
             && !tenant.is_empty()
         {
@@ -213,6 +211,17 @@ impl CompiledPolicy {
     pub fn tier_paused(&self, tier: &Tier) -> bool {
         tier.admission.pausable && self.paused_tiers.contains(&tier.name)
     }
+}
+
+/// Whether a request proves it comes from the pool's router (its router-token header equals
+/// `router_token`). Such a request already passed the pool's new-tenant gate at the router,
+/// which may have accepted it into its queue before a pause reached this engine: the engine
+/// does not gate it again.
+pub fn from_router(headers: &HeaderMap, router_token: Option<&str>) -> bool {
+    router_token.is_some_and(|token| {
+        header_str(headers, router::header::ROUTER_TOKEN)
+            .is_some_and(|t| same_secret(t.as_bytes(), token.as_bytes()))
+    })
 }
 
 /// Compares two secrets without stopping at the first differing byte.
@@ -340,6 +349,8 @@ mod tests {
         assert_eq!(id.tenant, ANONYMOUS, "a wrong token is ignored");
         let id = p.identify_routed(&routed, None).unwrap();
         assert_eq!(id.tenant, ANONYMOUS, "no router configured");
+        assert!(from_router(&routed, Some("s3cret")));
+        assert!(!from_router(&routed, Some("other")) && !from_router(&routed, None));
     }
 
     #[test]

@@ -5,7 +5,12 @@
 //! Invariants:
 //! - every live request is in exactly one of `waiting` or `running`, matching its state;
 //! - a running request has a block table in the KV cache manager; a waiting one has none;
-//! - `waiting.len() ≤ max_waiting`;
+//! - `waiting.len() ≤ max_waiting + the batch seats free when the last one came` (so at most
+//!   `max_waiting + max_num_seqs`): a request is refused as full only when running plus
+//!   waiting already hold `max_num_seqs + max_waiting`. A seat freed by a finished request
+//!   is filled at the next step; a request that arrives in between is not refused for it
+//!   (the router counts the engine's slots as batch plus queue, and sends the next request
+//!   the moment an answer ends);
 //! - a request's tokens never need more KV than the pool holds (`limit`), so the highest
 //!   priority running sequence can always get its blocks and the system cannot deadlock.
 
@@ -130,7 +135,8 @@ impl Scheduler {
     /// arrived, in the caller's monotonic milliseconds: its queue wait (aging, expiry) counts
     /// from there.
     pub fn add_request(&mut self, req: NewRequest, now: u64) -> Result<(), AddError> {
-        if self.waiting.len() >= self.cfg.max_waiting {
+        let free_seats = self.cfg.max_num_seqs.saturating_sub(self.running.len());
+        if self.waiting.len() >= self.cfg.max_waiting + free_seats {
             return Err(AddError::QueueFull(self.waiting.len()));
         }
         if self.reqs.contains_key(&req.id) {

@@ -299,9 +299,16 @@ fn add_request_refusals() {
         Err(AddError::TooLong { .. })
     ));
     s.add_request(req(1, LOW, 3, 1), 0).unwrap();
+    // The batch's one seat is free (nothing runs yet): a second request is not refused for
+    // it, a third is (batch plus queue are held).
+    s.add_request(req(2, LOW, 3, 1), 0).unwrap();
+    assert_eq!(
+        s.add_request(req(3, LOW, 3, 1), 0),
+        Err(AddError::QueueFull(2))
+    );
     assert_eq!(
         s.add_request(req(1, LOW, 3, 1), 0),
-        Err(AddError::QueueFull(1))
+        Err(AddError::QueueFull(2))
     );
 }
 

@@ -2,7 +2,8 @@
 //! then stream (SSE) or collect the answer.
 //!
 //! Invariants: the checks run in the design's order — draining/loading, body, identity,
-//! new-tenant gate, rate limits, then the engine's own admission (queue bound, KV, queue
+//! new-tenant gate (not for a request the pool's router proves it forwarded: the router
+//! gated it), rate limits, then the engine's own admission (queue bound, KV, queue
 //! wait); every refusal is counted once with its reason; a streamed response ends with
 //! `data: [DONE]` (unless cut by the end of a drain); dropping the response (client gone)
 //! drops the engine's token stream, which cancels the request and frees its KV, while a
@@ -30,7 +31,7 @@ use crate::backend::{FinishReason, GenerateRequest, TokenEvent, TokenStream, Usa
 use crate::metrics::Metrics;
 use tidegate_http::error::ApiError;
 use tidegate_http::tenancy::new_tenant_gate;
-use tidegate_http::tenancy::{Identity, registry::now_ms};
+use tidegate_http::tenancy::{Identity, from_router, registry::now_ms};
 
 static NEXT_ID: AtomicU64 = AtomicU64::new(1);
 
@@ -102,7 +103,11 @@ async fn admit(
         ),
     };
     let prepared = prepare(endpoint, &body, app.engine.as_ref(), session_header)?;
-    new_tenant_gate(&policy, &identity)?;
+    // A routed request passed the pool's gate at the router, perhaps before a pause that
+    // reached this engine first: gating it again would refuse a tenant the pool accepted.
+    if !from_router(headers, app.config.router_token.as_deref()) {
+        new_tenant_gate(&policy, &identity)?;
+    }
     let max_tokens = output_limit(
         &prepared,
         &identity.tier,
@@ -138,7 +143,7 @@ async fn admit(
         }
     };
     app.admissions
-        .record(&identity.tenant, &identity.tier.name, now_ms());
+        .record_now(&identity.tenant, &identity.tier.name);
     Metrics::observe(
         &app.metrics.queue_wait_seconds,
         &identity.tier.name,

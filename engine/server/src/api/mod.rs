@@ -5,7 +5,9 @@
 //! only way to run without one is [`AdminAuth::Disabled`], which binds no admin listener;
 //! shared state is read-mostly (the policy, replaced whole) or owned by small types with
 //! one job (rate limiter, first admissions, drain); the serve future returns `Ok` once a
-//! drain completes.
+//! drain completes; every answer of the API port (readiness included) carries the engine's
+//! load ([`header::ENGINE_LOAD`]: running, waiting, KV blocks free), which the pool router
+//! places on.
 
 pub mod admin;
 mod closing_listener;
@@ -28,6 +30,7 @@ use axum::routing::{get, post};
 use serde_json::json;
 use tidegate_api::engine_admin::{DrainStatus, EnginePolicy};
 use tidegate_api::engine_launch as launch;
+use tidegate_api::router::{EngineLoad, header};
 use tokio::net::TcpListener;
 use tokio::task::JoinHandle;
 
@@ -104,6 +107,8 @@ pub struct AppState {
     pub drain: Arc<Drain>,
     pub config: ServerConfig,
     admin_token: Option<String>,
+    /// The engine's batch plus queue, sent with its load (None when it has no bound).
+    slots: Option<u64>,
 }
 
 /// A started server.
@@ -149,6 +154,7 @@ pub fn start(
     let compiled = CompiledPolicy::compile(&config.initial_policy)?;
     let api_addr = api.local_addr()?;
     let admin_addr = admin.as_ref().map(TcpListener::local_addr).transpose()?;
+    let slots = Some(engine.model_info().slots).filter(|&s| s > 0);
     let state = Arc::new(AppState {
         engine,
         metrics,
@@ -158,6 +164,7 @@ pub fn start(
         drain: Drain::new(config.drain_grace),
         config,
         admin_token,
+        slots,
     });
     admin::apply_policy(&state, compiled);
 
@@ -222,7 +229,19 @@ fn api_router(state: Arc<AppState>) -> Router {
         .route(launch::METRICS_PATH, get(metrics))
         .fallback(not_found)
         .method_not_allowed_fallback(|| async { ApiError::MethodNotAllowed })
+        .layer(axum::middleware::map_response_with_state(
+            Arc::clone(&state),
+            with_load,
+        ))
         .with_state(state)
+}
+
+/// Adds the engine's load to an answer (the router reads it from every answer and probe).
+async fn with_load(State(app): State<Arc<AppState>>, mut response: Response) -> Response {
+    if let Ok(v) = axum::http::HeaderValue::from_str(&app.load().to_header()) {
+        response.headers_mut().insert(header::ENGINE_LOAD, v);
+    }
+    response
 }
 
 async fn not_found(uri: Uri) -> ApiError {
@@ -268,6 +287,20 @@ async fn metrics(State(app): State<Arc<AppState>>) -> Response {
 }
 
 impl AppState {
+    /// The engine's load as its last step published it.
+    pub fn load(&self) -> EngineLoad {
+        let n = |g: i64| u64::try_from(g).unwrap_or(0);
+        let m = &self.metrics;
+        let total = n(m.kv_blocks_total.get());
+        EngineLoad {
+            running: n(m.requests_running.get()),
+            waiting: n(m.requests_waiting.get()),
+            kv_free: total.saturating_sub(n(m.kv_blocks_used.get())),
+            kv_total: total,
+            slots: self.slots,
+        }
+    }
+
     /// The request's body within `--max-body-bytes` and the body read timeout, so a slow or
     /// stalled upload cannot hold a connection and its buffers for ever (both ports).
     pub(crate) async fn read_body(&self, request: Request) -> Result<Bytes, ApiError> {

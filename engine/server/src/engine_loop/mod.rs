@@ -168,6 +168,7 @@ impl LoopEngine {
             weights: model.weights.label.clone(),
             weight_bytes_per_token: model.weights.bytes_per_token as u64,
             kernels: model.weights.kernels.clone(),
+            slots: (config.max_batch_seqs.max(1) + config.max_waiting.max(1)) as u64,
             created: SystemTime::now()
                 .duration_since(UNIX_EPOCH)
                 .map(|d| d.as_secs())
