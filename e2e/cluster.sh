@@ -35,8 +35,12 @@ MODELS=/var/lib/tidegate/models
 WORK=$(mktemp -d)
 STARTED=0
 
+S3_PIDS=()
 cleanup() {
     local rc=$?
+    # The S3 step's server, when the script ends inside that step (set -e): it outlived the
+    # script before, holding its ports and data directory.
+    for p in "${S3_PIDS[@]}"; do kill "$p" 2>/dev/null || true; done
     if [ "$STARTED" = 1 ] && [ -z "${TIDEGATE_E2E_KEEP_CLUSTER:-}" ]; then
         bash "$CLUSTER" down >"$WORK/down.log" 2>&1 || cat "$WORK/down.log"
     fi
