@@ -11,7 +11,7 @@ use clap::{Parser, Subcommand};
 struct Cli {
     #[command(subcommand)]
     command: Command,
-    /// Highest quantized CPU kernel set to use (avx512-vnni, avx-vnni, avx2, portable); the
+    /// Highest quantized CPU kernel set to use (amx, avx512-vnni, avx-vnni, avx2, portable); the
     /// default is the best this CPU has that passes its start-up check. For comparing
     /// kernels on one machine.
     #[arg(long, global = true, env = "TIDEGATE_CPU_KERNELS", value_parser = parse_kernels)]
@@ -20,8 +20,7 @@ struct Cli {
 
 fn parse_kernels(s: &str) -> Result<tidegate_runner::kernels::quant::Isa, String> {
     use tidegate_runner::kernels::quant::{Isa, set_cap};
-    let isa = Isa::from_name(s)
-        .ok_or_else(|| "expected one of avx512-vnni, avx-vnni, avx2, portable".to_string())?;
+    let isa = Isa::from_name(s).ok_or_else(|| format!("expected one of {}", Isa::all_names()))?;
     set_cap(isa)?;
     Ok(isa)
 }

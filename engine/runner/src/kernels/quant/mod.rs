@@ -11,7 +11,8 @@
 //! one row (a GEMV that streams the weights once, in file-size bytes) and many (each record
 //! is reused from L1 for every row tile).
 //!
-//! Kernels ([`Isa`]): AVX-512 VNNI (two panels per 512-bit vector), AVX-VNNI (256-bit),
+//! Kernels ([`Isa`]): AMX int8 tiles for batches of [`AMX_MIN_ROWS`] rows or more, AVX-512
+//! VNNI (two panels per 512-bit vector), AVX-VNNI (256-bit),
 //! AVX2 (+FMA, F16C) and a portable one. The best the CPU has is picked once per process
 //! ([`Isa::selected`]) after a start-up check against the portable kernel ([`select`]). All
 //! compute the same integer sums, so they differ only in float rounding of the scale
@@ -39,6 +40,8 @@ macro_rules! by_rows {
 }
 
 pub mod act;
+#[cfg(target_arch = "x86_64")]
+mod amx;
 pub mod blocks;
 pub mod layout;
 mod portable;
@@ -206,7 +209,11 @@ impl QuantMatrix {
         while p < p1 {
             #[cfg(target_arch = "x86_64")]
             if pairs(isa, m) && p + 1 < p1 {
-                self.run_pair(xq, m, p, out);
+                if isa == Isa::Amx && m >= AMX_MIN_ROWS {
+                    self.run_amx_pair(xq, m, p, out);
+                } else {
+                    self.run_pair(xq, m, p, out);
+                }
                 p += 2;
                 continue;
             }
@@ -284,6 +291,33 @@ impl QuantMatrix {
     }
 }
 
+impl QuantMatrix {
+    /// Output columns of panels `p` and `p + 1` (both present) for all `m` rows, with the AMX
+    /// pair kernel (tiles of 16 rows).
+    #[cfg(target_arch = "x86_64")]
+    fn run_amx_pair(&self, xq: &QuantRows, m: usize, p: usize, out: OutPtr) {
+        let (a, b) = (self.panel(p), self.panel(p + 1));
+        let cols = vnni::PAIR.min(self.n - p * COLS);
+        for (r0, view) in RowsView::tiles(xq, m, amx::AMX_MR) {
+            let mut tile = [[0f32; vnni::PAIR]; amx::AMX_MR];
+            match self.fmt {
+                QFormat::Q4 | QFormat::Q4Sym => {
+                    amx::q4_pair(a, b, &view, &mut tile, self.fmt.offsets())
+                }
+                QFormat::Q8 => amx::q8_pair(a, b, &view, &mut tile),
+            }
+            for (r, t) in tile.iter().enumerate().take(view.rows) {
+                out.write((r0 + r) * self.n + p * COLS, &t[..cols]);
+            }
+        }
+    }
+}
+
+/// Rows from which the AMX kernels serve a batch: below, the tile's fixed cost (the
+/// weights copied into a tile, the sums stored and reloaded) outweighs what it saves, and
+/// the AVX-512 VNNI pair kernel runs.
+pub(crate) const AMX_MIN_ROWS: usize = 4;
+
 /// A tile of quantized activation rows (up to [`MR`], or the pair kernels' `PAIR_MR`), as a
 /// kernel reads them.
 pub(crate) struct RowsView<'a> {
@@ -299,10 +333,11 @@ pub(crate) struct RowsView<'a> {
     pub rows: usize,
 }
 
-/// Whether `isa` runs `m` rows on panel pairs: the AVX-512 VNNI pair kernel serves batches;
-/// one row (a GEMV reads each weight once, nothing to share) goes one panel at a time.
+/// Whether `isa` runs `m` rows on panel pairs: the AVX-512 VNNI and AMX pair kernels serve
+/// batches; one row (a GEMV reads each weight once, nothing to share) goes one panel at a
+/// time.
 fn pairs(isa: Isa, m: usize) -> bool {
-    isa == Isa::Avx512Vnni && m > 1
+    matches!(isa, Isa::Amx | Isa::Avx512Vnni) && m > 1
 }
 
 impl<'a> RowsView<'a> {

@@ -15,6 +15,9 @@ use super::{QFormat, QK, QuantMatrix};
 /// A quantized kernel family, best first.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Isa {
+    /// AMX int8 tiles for batches (`tdpbssd`/`tdpbsud`, 16 rows × 16 outputs × one block per
+    /// instruction), AVX-512 VNNI for one row and small batches.
+    Amx,
     /// AVX-512 F/BW + VNNI: `vpdpbusd` on two panels per 512-bit vector.
     Avx512Vnni,
     /// AVX-VNNI (VEX-encoded `vpdpbusd`, 256-bit), one panel per vector.
@@ -26,7 +29,13 @@ pub enum Isa {
 }
 
 /// Every kernel family, best first.
-pub const ALL: [Isa; 4] = [Isa::Avx512Vnni, Isa::AvxVnni, Isa::Avx2, Isa::Portable];
+pub const ALL: [Isa; 5] = [
+    Isa::Amx,
+    Isa::Avx512Vnni,
+    Isa::AvxVnni,
+    Isa::Avx2,
+    Isa::Portable,
+];
 
 static SELECTED: OnceLock<Isa> = OnceLock::new();
 static CAP: OnceLock<Isa> = OnceLock::new();
@@ -51,11 +60,17 @@ impl Isa {
     /// The name the start-up log, `/v1/models` and `--cpu-kernels` use.
     pub fn name(self) -> &'static str {
         match self {
+            Isa::Amx => "amx",
             Isa::Avx512Vnni => "avx512-vnni",
             Isa::AvxVnni => "avx-vnni",
             Isa::Avx2 => "avx2",
             Isa::Portable => "portable",
         }
+    }
+
+    /// Every family's name, best first, comma-separated (for help and errors).
+    pub fn all_names() -> String {
+        ALL.map(Isa::name).join(", ")
     }
 
     /// The family named `name` ([`Isa::name`]).
@@ -70,6 +85,7 @@ impl Isa {
             use std::arch::is_x86_feature_detected as has;
             let avx2 = has!("avx2") && has!("fma") && has!("f16c");
             match self {
+                Isa::Amx => Isa::Avx512Vnni.available() && super::amx::usable(),
                 Isa::Avx512Vnni => {
                     avx2 && has!("avx512f")
                         && has!("avx512bw")
@@ -87,11 +103,11 @@ impl Isa {
         }
     }
 
-    /// The one-panel kernel of this family (AVX-512 VNNI's is its 256-bit form, in the VEX
+    /// The one-panel kernel of this family (AMX's and AVX-512 VNNI's is the latter's 256-bit form, in the VEX
     /// encoding where the CPU has AVX-VNNI too).
     pub(super) fn one_panel(self) -> Panel {
         match self {
-            Isa::Avx512Vnni => Panel::Vnni256 {
+            Isa::Amx | Isa::Avx512Vnni => Panel::Vnni256 {
                 evex: !Isa::AvxVnni.available(),
             },
             Isa::AvxVnni => Panel::Vnni256 { evex: false },
@@ -186,8 +202,9 @@ fn choose(cap: Option<Isa>) -> Isa {
 }
 
 /// Runs `isa` against the portable kernel on every format, for one row (the GEMV of a
-/// decode step, one-panel kernels) and for five (a batch: the pair kernels, a lone last
-/// panel, a partial panel and a partial row tile).
+/// decode step, one-panel kernels), for five (a batch: the pair kernels, a lone last
+/// panel, a partial panel and a partial row tile) and for 19 (AMX: a full tile of 16 rows
+/// and a partial one).
 pub fn self_check(isa: Isa) -> Result<(), SelfCheckError> {
     if isa == Isa::Portable {
         return Ok(());
@@ -202,7 +219,7 @@ pub fn self_check(isa: Isa) -> Result<(), SelfCheckError> {
         QuantMatrix::from_q4(n, k, |o, b| Q4Block::quantize_q4_1(row(o, b))),
         QuantMatrix::from_q4_0(n, k, |o, b| Q4Block::quantize_q4_0(row(o, b))),
     ];
-    for m in [1, 5] {
+    for m in [1, 5, 19] {
         let x: Vec<f32> = (0..m * k).map(|i| val(i, 7, 13)).collect();
         let xq = QuantRows::quantize(&x, m, k);
         for mat in &matrices {

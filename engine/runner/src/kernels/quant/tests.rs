@@ -35,6 +35,9 @@ fn check(isa: Isa, fmt: QFormat) {
         (2, 48, 32),
         (7, 48, 64),
         (14, 40, 96),
+        (16, 32, 64),
+        (19, 48, 96),
+        (37, 40, 64),
     ] {
         let x = data(m * k, 7, 13);
         let w = data(n * k, 5, 11);
@@ -118,7 +121,7 @@ fn every_available_kernel_passes_the_start_up_check() {
 fn extreme_quants_do_not_overflow_or_saturate() {
     // Weights at the ends of their ranges (8-bit −128 included) against activations of
     // ±127: the VNNI offset trick and the AVX2 sign trick both meet their limits here.
-    let (m, n, k) = (3, 40, 128);
+    let (m, n, k) = (19, 40, 128);
     let x: Vec<f32> = (0..m * k)
         .map(|i| if i % 3 == 0 { -1.0 } else { 1.0 })
         .collect();
