@@ -17,13 +17,15 @@ one request at a time, so "before" is exact.
               --duration 120 --stop-file F [--errors-out errors.txt]
   load.py probe --targets F [--routers R [--pool P]] --tenant T --tier free
               # prints "STATUS TYPE RETRY_AFTER ENGINE"
-  load.py stream --targets F (--index I | --routers R) --tokens N [--started-file F]
+  load.py stream --targets F (--index I | --routers R) --tokens N [--started-file F
+              [--kill-on-start PIDS]]
               # prints "ok" after [DONE], else the error (or the router's error event)
 """
 import argparse
 import http.client
 import json
 import os
+import signal
 import sys
 import threading
 import time
@@ -191,11 +193,25 @@ def probe(args):
     print(resp.status, typ, resp.getheader("retry-after") or "-", resp.getheader("x-tidegate-engine") or "-")
 
 
+def kill_now(pid):
+    """SIGKILL pid at once: the pid, or "-" when there is none or it is already gone."""
+    try:
+        os.kill(int(pid), signal.SIGKILL)
+        return pid
+    except (TypeError, ValueError, OSError):
+        return "-"
+
+
 def stream(args):
     ts = front(args) if args.routers else targets(args.targets)[args.index:]
     if not ts:
         print("no such target")
         sys.exit(1)
+    # "engine pid ..." a line, read before the request: the kill at the first token is instant.
+    pids = {}
+    if args.kill_on_start:
+        with open(args.kill_on_start) as f:
+            pids = {w[0]: w[1] for w in map(str.split, f) if len(w) >= 2}
     try:
         conn, resp = request(ts[0], args.tenant, "enterprise", args.tokens, stream=True, timeout=120)
         if resp.status != 200:
@@ -207,10 +223,18 @@ def stream(args):
         for line in resp:
             if not started and line.startswith(b"data: {") and args.started_file:
                 # The stream is in flight: whoever kills its engine waits for this. It holds
-                # the engine that answers (the router's x-tidegate-engine), when known.
+                # the engine that answers (the router's x-tidegate-engine), when known; with
+                # --kill-on-start, also the pid of that engine killed here at once (a short
+                # stream can end before a poller of this file could kill it) and when.
                 started = True
-                with open(args.started_file, "w") as f:
-                    f.write(resp.getheader("x-tidegate-engine") or "-")
+                note = resp.getheader("x-tidegate-engine") or "-"
+                if args.kill_on_start:
+                    at = time.time()
+                    note = f"{note} {kill_now(pids.get(note))} {at:.6f}"
+                # Written whole, then renamed: a poller never reads it half-written.
+                with open(args.started_file + ".tmp", "w") as f:
+                    f.write(note)
+                os.replace(args.started_file + ".tmp", args.started_file)
             if line.startswith(b'data: {"error"'):
                 broken = json.loads(line[len(b"data: "):])["error"]
             if line.strip() == b"data: [DONE]":
@@ -253,6 +277,8 @@ def main():
     s.add_argument("--routers", help="routers file: stream through the pool's router")
     s.add_argument("--pool", help="the pool whose router to use (default: the first)")
     s.add_argument("--started-file", help="created when the first token arrives")
+    s.add_argument("--kill-on-start", metavar="PIDS",
+                   help='file of "engine pid" lines: SIGKILL the answering engine at the first token')
     s.add_argument("--tokens", type=int, default=200)
     s.add_argument("--tenant", default="tenant-000")
     args = p.parse_args()

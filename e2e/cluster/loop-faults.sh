@@ -17,14 +17,15 @@ echo "   -- faults"
 FAULTS=()
 ROUTER_SEL="app.kubernetes.io/name=tidegate-router,tidegate.dev/pool=$POOL"
 routers_count() { kubectl -n "$NS" get pods -l "$ROUTER_SEL" -o name | grep -c .; }
-# engine_pids: "pod pid" for each engine pod: the host pid of its engine process (its cgroup
-# names the pod's uid). Found before a kill, so that the kill is instant.
+# engine_pids: "pod pid restarts" for each engine pod: the host pid of its engine process (its
+# cgroup names the pod's uid) and its container's restart count. Found before a kill, so that
+# the kill is instant and the kubelet's restart is counted from before it.
 engine_pids() {
-    local name uid pid
+    local name uid restarts pid
     while read -r name _; do
-        uid=$(kubectl -n "$NS" get pod "$name" -o jsonpath='{.metadata.uid}')
+        read -r uid restarts <<<"$(kubectl -n "$NS" get pod "$name" -o jsonpath='{.metadata.uid} {.status.containerStatuses[0].restartCount}')"
         for pid in $(pgrep -x tidegate-engine); do
-            grep -qs -e "pod${uid}" -e "pod${uid//-/_}" "/proc/$pid/cgroup" && echo "$name $pid"
+            grep -qs -e "pod${uid}" -e "pod${uid//-/_}" "/proc/$pid/cgroup" && echo "$name $pid $restarts"
         done
     done < <(engine_pods)
 }
@@ -49,14 +50,17 @@ await_router_reaction() {
         fail "every router took $1 out within ${limit}s, $why" "after ${r}s"
     fi
 }
-# stream_on_some_engine NAME: a 1000-token stream through the pool's Service; returns once its
-# first token arrived (the engine answering is in $WORK/NAME-started). Sets STREAM_PID.
+# stream_on_some_engine NAME [ARG...]: a 1000-token stream through the pool's Service, with
+# load.py's further ARGs; returns once its first token arrived (the engine answering is in
+# $WORK/NAME-started). Sets STREAM_PID.
 stream_on_some_engine() {
-    rm -f "$WORK/$1-started"
-    python3 e2e/load.py stream --targets "$TARGETS" --routers "$ROUTERS" --tenant "$1" --tokens 1000 \
-        --started-file "$WORK/$1-started" >"$WORK/$1.txt" 2>&1 &
+    local name=$1
+    shift
+    rm -f "$WORK/$name-started"
+    python3 e2e/load.py stream --targets "$TARGETS" --routers "$ROUTERS" --tenant "$name" --tokens 1000 \
+        --started-file "$WORK/$name-started" "$@" >"$WORK/$name.txt" 2>&1 &
     STREAM_PID=$!
-    wait_file "$WORK/$1-started" 20
+    wait_file "$WORK/$name-started" 20
 }
 # stream_elsewhere POD NAME: a stream straight at an engine pod other than POD. Sets OTHER_PID.
 stream_elsewhere() {
@@ -77,19 +81,19 @@ expect_error_event() {
     fi
 }
 
-# ---- 1. The engine's process killed on the node.
-pids=$(engine_pids)
-if stream_on_some_engine victim-kill; then
-    victim=$(cat "$WORK/victim-kill-started")
-    pid=$(awk -v p="$victim" '$1 == p {print $2}' <<<"$pids")
-    KILLED_AT=$(date +%s.%N)
-    if [ -n "$pid" ] && kill -9 "$pid"; then
+# ---- 1. The engine's process killed on the node, by the stream's client the moment the first
+# token arrives: the tiny model streams 1000 tokens in well under a second, and a kill from
+# here, after polling for that token, could come after the stream ended.
+engine_pids >"$WORK/engine-pids.txt"
+if stream_on_some_engine victim-kill --kill-on-start "$WORK/engine-pids.txt"; then
+    read -r victim pid KILLED_AT <"$WORK/victim-kill-started"
+    if [ "${pid:--}" != - ]; then
         FAULTS+=("$KILLED_AT engine-process-killed")
-        pass "engine pod $victim: its engine process killed on the node mid-stream (pid $pid)"
+        pass "engine pod $victim: its engine process killed on the node mid-stream, at its first token (pid $pid)"
     else
-        fail "found the engine process of pod $victim on the node" "pids: $pids"
+        fail "found the engine process of pod $victim on the node" "pids: $(tr '\n' ',' <"$WORK/engine-pids.txt")"
     fi
-    restarts_before=$(kubectl -n "$NS" get pod "$victim" -o jsonpath='{.status.containerStatuses[0].restartCount}')
+    restarts_before=$(awk -v p="$victim" '$1 == p {print $3}' "$WORK/engine-pids.txt")
     stream_elsewhere "$victim" other-kill
     expect_error_event victim-kill "$STREAM_PID"
     await_router_reaction 1 "by their own probes" "$victim" "$KILLED_AT"

@@ -7,10 +7,11 @@
 //! with 16-token blocks and AVX-512 the scores of a block are one FMA sweep over the
 //! transposed keys (picked at run time), otherwise a portable loop does the same.
 
-use rayon::prelude::*;
+use std::cell::RefCell;
 
 use super::kv_store::KvStore;
 use crate::kernels::ops::softmax;
+use crate::kernels::team;
 
 /// Where one batch row sits in its sequence.
 #[derive(Debug, Clone, Copy)]
@@ -87,9 +88,13 @@ fn paged_attention_on(
     let group = s.heads / s.kv_heads;
     // One task per (row, kv head): the `group` query heads sharing a kv head are adjacent in
     // `out`, so each K/V row is loaded once for all of them.
-    out.par_chunks_mut(group * s.head_dim)
-        .enumerate()
-        .for_each_init(Vec::new, |scores, (idx, o)| {
+    thread_local! {
+        /// One thread's attention scores, kept across calls (a context's worth of floats).
+        static SCORES: RefCell<Vec<f32>> = const { RefCell::new(Vec::new()) };
+    }
+    let tasks: Vec<_> = out.chunks_mut(group * s.head_dim).enumerate().collect();
+    team::for_each_item(tasks, |(idx, o)| {
+        SCORES.with_borrow_mut(|scores| {
             let (t, kvh) = (idx / s.kv_heads, idx % s.kv_heads);
             let q0 = t * s.q_stride + kvh * group * s.head_dim;
             let job = GroupJob {
@@ -110,7 +115,8 @@ fn paged_attention_on(
                 Path::Avx2 => avx2::attend(&job, scores, o),
                 _ => attend(&job, scores, o, block_scores_portable, axpy_portable),
             }
-        });
+        })
+    });
 }
 
 fn has_avx2_fma() -> bool {

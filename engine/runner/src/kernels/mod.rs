@@ -9,6 +9,7 @@ pub mod ops;
 mod out_ptr;
 pub mod peak;
 pub mod quant;
+pub(crate) mod team;
 
 pub use matmul::{PackedMatrix, matmul_xwt};
 pub use quant::{QFormat, QuantMatrix};

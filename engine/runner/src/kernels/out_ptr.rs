@@ -32,11 +32,12 @@ impl OutPtr {
     }
 }
 
-/// Runs `run(p0, p1, out)` over `0..panels` in disjoint ranges on the rayon pool: about two
-/// ranges per thread for one row (GEMV, bandwidth-bound: few, long streams), four for a
-/// batch (more, shorter ones balance the compute better). Each range is one task, so the
-/// module note's disjointness holds by construction. Every range but the last starts and
-/// ends on a multiple of `align` (a kernel that takes panels in pairs keeps its pairs).
+/// Runs `run(p0, p1, out)` over `0..panels` in disjoint ranges on the compute team
+/// ([`super::team`]): about two ranges per thread for one row (GEMV, bandwidth-bound: few,
+/// long streams), four for a batch (more, shorter ones balance the compute better). Each range
+/// is one task, so the module note's disjointness holds by construction. Every range but the
+/// last starts and ends on a multiple of `align` (a kernel that takes panels in pairs keeps
+/// its pairs).
 pub(crate) fn for_panel_ranges(
     panels: usize,
     align: usize,
@@ -44,13 +45,12 @@ pub(crate) fn for_panel_ranges(
     y: &mut [f32],
     run: impl Fn(usize, usize, OutPtr) + Send + Sync,
 ) {
-    use rayon::prelude::*;
-    let threads = rayon::current_num_threads().max(1);
+    let threads = super::team::threads();
     let tasks = if m == 1 { threads * 2 } else { threads * 4 };
     let per_task = panels.div_ceil(tasks).next_multiple_of(align.max(1)).max(1);
     let out = OutPtr::new(y);
-    (0..panels)
-        .into_par_iter()
-        .step_by(per_task)
-        .for_each(|p0| run(p0, (p0 + per_task).min(panels), out));
+    super::team::for_each_task(panels.div_ceil(per_task), |t| {
+        let p0 = t * per_task;
+        run(p0, (p0 + per_task).min(panels), out)
+    });
 }

@@ -5,13 +5,12 @@
 //! and the embedding stay f32 row-major.
 //!
 //! Invariants: a norm's scale is what multiplies (the family's `1 + w` offset is added at
-//! load); the norms split rows across rayon tasks only in chunks of [`ROWS_PER_TASK`] rows.
-
-use rayon::prelude::*;
+//! load); the norms split rows across the compute team's tasks only in chunks of [`ROWS_PER_TASK`] rows.
 
 use super::plan::{Packer, Spec};
 use crate::error::Result;
 use crate::kernels::ops::rms_norm;
+use crate::kernels::team;
 use crate::model::{ModelConfig, ModelSpec, Weights};
 use crate::weight_format::Projection;
 
@@ -89,10 +88,13 @@ impl RmsNorm {
     /// Every row of `x` into the same row of `out`, rows split across threads.
     pub fn forward(&self, x: &[f32], out: &mut [f32]) {
         let h = self.weight.len();
-        out.par_chunks_mut(h)
-            .zip(x.par_chunks(h))
-            .with_min_len(ROWS_PER_TASK)
-            .for_each(|(o, r)| rms_norm(r, &self.weight, self.eps, o));
+        let r = ROWS_PER_TASK;
+        let tasks: Vec<_> = out.chunks_mut(h * r).zip(x.chunks(h * r)).collect();
+        team::for_each_item(tasks, |(o, x)| {
+            for (o, x) in o.chunks_exact_mut(h).zip(x.chunks_exact(h)) {
+                rms_norm(x, &self.weight, self.eps, o);
+            }
+        });
     }
 
     /// Rows `rows` of `x`, in that order, into consecutive rows of `out`.

@@ -4,12 +4,11 @@
 //!
 //! Invariant: the fused projection's row is `[gate | up]`, each `intermediate` wide.
 
-use rayon::prelude::*;
-
 use super::ends::ROWS_PER_TASK;
 use super::plan::{Packer, Spec};
 use crate::error::Result;
 use crate::kernels::ops::silu_mul;
+use crate::kernels::team;
 use crate::model::arch_params::Activation;
 use crate::model::{ModelConfig, ModelSpec};
 use crate::weight_format::Projection;
@@ -75,11 +74,15 @@ impl Mlp {
             Activation::Silu => silu_mul,
             Activation::GeluTanh => gelu_tanh_mul,
         };
-        s.act
-            .par_chunks_mut(inter)
-            .zip(s.gu.par_chunks(2 * inter))
-            .with_min_len(ROWS_PER_TASK)
-            .for_each(|(a, row)| act(&row[..inter], &row[inter..], a));
+        let r = ROWS_PER_TASK;
+        let tasks: Vec<_> = (s.act.chunks_mut(inter * r))
+            .zip(s.gu.chunks(2 * inter * r))
+            .collect();
+        team::for_each_item(tasks, |(a, gu)| {
+            for (a, row) in a.chunks_exact_mut(inter).zip(gu.chunks_exact(2 * inter)) {
+                act(&row[..inter], &row[inter..], a);
+            }
+        });
         self.w_down.matmul(&s.act, t, out);
     }
 

@@ -4,7 +4,7 @@
 //! 4-bit kernels need for the weights' per-block offset. The error of a block is at most
 //! `d / 2` per value.
 
-use rayon::prelude::*;
+use crate::kernels::team;
 
 use super::QK;
 
@@ -48,13 +48,18 @@ impl QuantRows {
             }
             return out;
         }
-        out.q
-            .par_chunks_mut(k)
-            .zip(out.d.par_chunks_mut(nb))
-            .zip(out.s.par_chunks_mut(nb))
-            .zip(x[..m * k].par_chunks(k))
-            .with_min_len(ROWS_PER_TASK)
-            .for_each(|(((q, d), s), x)| quantize_row(x, q, d, s));
+        let r = ROWS_PER_TASK;
+        let tasks: Vec<_> = (out.q.chunks_mut(k * r))
+            .zip(out.d.chunks_mut(nb * r))
+            .zip(out.s.chunks_mut(nb * r))
+            .zip(x[..m * k].chunks(k * r))
+            .collect();
+        team::for_each_item(tasks, |(((q, d), s), x)| {
+            let rows = q.chunks_exact_mut(k).zip(d.chunks_exact_mut(nb));
+            for ((q, d), (s, x)) in rows.zip(s.chunks_exact_mut(nb).zip(x.chunks_exact(k))) {
+                quantize_row(x, q, d, s);
+            }
+        });
         out
     }
 
