@@ -28,7 +28,7 @@
 # from /v1/models; for llama.cpp the file's size (every tensor is read once per token; the
 # tied embedding table is read whole as the output layer).
 #
-# Knobs (environment): MODEL=smollm2  FORMATS="Q4_1 Q8_0 F32"  CONC=1,32  REPS=3  THREADS=2
+# Knobs (environment): MODEL=smollm2  FORMATS="Q4_1 Q8_0 F32" (also Q4_0, BF16, F16)  CONC=1,32  REPS=3  THREADS=2
 #   NPREDICT=128  WEIGHTS=as-file (tidegate --weights)  BIN=target/release/tidegate-engine
 #   KV_BLOCKS=4096 (tidegate --kv-blocks; 2048 for the Llama shapes)
 #   PEER_CACHE=$HOME/.cache/peer-llamacpp (as the peer script)  OUT=<dir for raw results>
@@ -64,10 +64,23 @@ log "setting up the peer (idempotent)"
 PEER_EXTRA_QUANTS=Q8_0 PEER_SKIP="bench server membw" "${peer}/peer-llamacpp.sh" >"${OUT}/peer-setup.log" 2>&1 \
   || { tail -20 "${OUT}/peer-setup.log" >&2; exit 1; }
 
+# Each of FORMATS the models folder lacks, by llama-quantize from the file in format $1.
+# Idempotent: existing files are kept.
+quantize_missing() {
+  local models="${CHROOT}/models" src="$1" fmt
+  for fmt in ${FORMATS}; do
+    [[ "${fmt}" == "${src}" || -s "${models}/${MODEL_BASE}.${fmt}.gguf" ]] && continue
+    log "llama-quantize ${MODEL_BASE} ${src} -> ${fmt}"
+    chroot "${CHROOT}" llama-quantize "/models/${MODEL_BASE}.${src}.gguf" "/models/${MODEL_BASE}.${fmt}.gguf.tmp" "${fmt}" \
+      >"${OUT}/quantize-${fmt}.log" 2>&1 || { tail -5 "${OUT}/quantize-${fmt}.log" >&2; exit 1; }
+    mv "${models}/${MODEL_BASE}.${fmt}.gguf.tmp" "${models}/${MODEL_BASE}.${fmt}.gguf"
+  done
+}
+
 # The Llama-shaped files: F16 from the generator (in a venv with the gguf package, cached),
-# then each format by llama-quantize. Idempotent: existing files are kept.
+# then each format by llama-quantize.
 prep_llama_shapes() {
-  local models="${CHROOT}/models" venv="${CACHE}/gguf-venv" fmt
+  local models="${CHROOT}/models" venv="${CACHE}/gguf-venv"
   if [[ ! -s "${models}/${MODEL_BASE}.F16.gguf" ]]; then
     [[ -x "${venv}/bin/python" ]] || { python3 -m venv "${venv}" && "${venv}/bin/pip" -q install numpy gguf; }
     log "writing ${MODEL_BASE}.F16.gguf (random weights)"
@@ -75,15 +88,10 @@ prep_llama_shapes() {
       --tokenizer-from "${models}/SmolLM2-135M-Instruct.Q4_1.gguf" --out "${models}/${MODEL_BASE}.F16.gguf.tmp"
     mv "${models}/${MODEL_BASE}.F16.gguf.tmp" "${models}/${MODEL_BASE}.F16.gguf"
   fi
-  for fmt in ${FORMATS}; do
-    [[ "${fmt}" == F16 || -s "${models}/${MODEL_BASE}.${fmt}.gguf" ]] && continue
-    log "llama-quantize ${MODEL_BASE} F16 -> ${fmt}"
-    chroot "${CHROOT}" llama-quantize "/models/${MODEL_BASE}.F16.gguf" "/models/${MODEL_BASE}.${fmt}.gguf.tmp" "${fmt}" \
-      >"${OUT}/quantize-${fmt}.log" 2>&1 || { tail -5 "${OUT}/quantize-${fmt}.log" >&2; exit 1; }
-    mv "${models}/${MODEL_BASE}.${fmt}.gguf.tmp" "${models}/${MODEL_BASE}.${fmt}.gguf"
-  done
+  quantize_missing F16
 }
-[[ "${MODEL}" == smollm2 ]] || prep_llama_shapes
+# SmolLM2's formats the peer does not set up (BF16, Q4_0) come from its F32 file.
+if [[ "${MODEL}" == smollm2 ]]; then quantize_missing F32; else prep_llama_shapes; fi
 
 # Read bandwidth (best of 8 passes over 256 MiB), measured before each format; the roofline
 # uses the median of these, since on a shared host it moves with its neighbours' load.

@@ -58,6 +58,7 @@ fn batched_decode_equals_sequential_decode() {
 
 #[test]
 fn batched_decode_equals_sequential_decode_with_quantized_weights() {
+    batched_equals_sequential(WeightChoice::Bf16);
     batched_equals_sequential(WeightChoice::Q8_0);
     batched_equals_sequential(WeightChoice::Q4_1);
 }

@@ -104,6 +104,7 @@ fn every_format_tracks_f32_on_the_random_model() {
         &[1, 40, 41, 300, 12, 7, 8],
         &[
             (WeightChoice::AsFile, 1e-6),
+            (WeightChoice::Bf16, 0.02),
             (WeightChoice::Q8_0, 0.05),
             (WeightChoice::Q4_1, 0.35),
             (WeightChoice::Q4_0, 0.40),
@@ -123,6 +124,7 @@ fn every_format_tracks_f32_on_smollm2() {
         &prompt,
         &[
             (WeightChoice::AsFile, 0.20),
+            (WeightChoice::Bf16, 0.02),
             (WeightChoice::Q8_0, 0.20),
             (WeightChoice::Q4_1, 0.30),
             // Uncorrelated logits would be ~1.4: this only says "still the same model".

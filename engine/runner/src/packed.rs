@@ -160,6 +160,7 @@ mod tests {
         for choice in [
             WeightChoice::AsFile,
             WeightChoice::F32,
+            WeightChoice::Bf16,
             WeightChoice::Q8_0,
             WeightChoice::Q4_0,
             WeightChoice::Q4_1,
@@ -179,10 +180,30 @@ mod tests {
         let w = Weights::from_map(random_weights(&cfg, 1).unwrap());
         let label = |c| WeightsPlan::new(&w, &cfg, c).unwrap().label();
         assert_eq!(label(WeightChoice::AsFile), "f32");
+        assert_eq!(label(WeightChoice::Bf16), "bf16");
         assert_eq!(label(WeightChoice::Q8_0), "q8_0");
         assert!(
             label(WeightChoice::Q4_0).starts_with("q4_0 "),
             "the LM head stays q8_0"
         );
+    }
+
+    #[test]
+    fn as_file_serves_a_bf16_safetensors_checkpoint_in_bf16_at_half_the_bytes() {
+        let cfg = random_config(300);
+        let tensors = random_weights(&cfg, 1).unwrap();
+        let dir = tempfile::tempdir().unwrap();
+        let bf16: std::collections::HashMap<_, _> = tensors
+            .iter()
+            .map(|(k, t)| (k.clone(), t.to_dtype(candle_core::DType::BF16).unwrap()))
+            .collect();
+        candle_core::safetensors::save(&bf16, dir.path().join("model.safetensors")).unwrap();
+        let w = Weights::from_safetensors_dir(dir.path()).unwrap();
+        let plan = WeightsPlan::new(&w, &cfg, WeightChoice::AsFile).unwrap();
+        assert_eq!(plan.label(), "bf16");
+        let f32_plan = WeightsPlan::new(&w, &cfg, WeightChoice::F32).unwrap();
+        assert!(plan.bytes_per_token() < f32_plan.bytes_per_token() * 6 / 10);
+        let m = PackedModel::pack(&w, &cfg, WeightChoice::AsFile).unwrap();
+        assert_eq!(m.bytes_per_token(), plan.bytes_per_token());
     }
 }

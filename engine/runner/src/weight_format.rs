@@ -1,6 +1,6 @@
 //! Which format each projection is served in (`serve --weights`), and a projection packed in
-//! it. `as-file` keeps what the checkpoint stores where a kernel exists for it (f32, Q8_0,
-//! Q4_0, Q4_1; F16/BF16 files are widened to f32), and maps other GGUF encodings to the
+//! it. `as-file` keeps what the checkpoint stores where a kernel exists for it (f32, bf16,
+//! Q8_0, Q4_0, Q4_1; F16 files are widened to f32), and maps other GGUF encodings to the
 //! nearest kernel format without losing precision (K-quants and Q5 to Q8_0). The other
 //! choices convert every projection (dequantizing, then quantizing with GGML's reference
 //! rounding); a matrix already in the target format is repacked as stored.
@@ -26,6 +26,8 @@ pub enum WeightChoice {
     AsFile,
     /// f32 everywhere (the reference).
     F32,
+    /// bf16 everywhere: half f32's bytes, multiplied in f32 (each weight rounded to bf16).
+    Bf16,
     /// 8-bit blocks of 32 with an f16 scale.
     #[value(name = "q8_0")]
     Q8_0,
@@ -43,6 +45,7 @@ pub enum Served {
     Q4_0,
     Q4_1,
     Q8_0,
+    Bf16,
     F32,
 }
 
@@ -53,6 +56,7 @@ impl Served {
             Served::Q4_0 => "q4_0",
             Served::Q4_1 => "q4_1",
             Served::Q8_0 => "q8_0",
+            Served::Bf16 => "bf16",
             Served::F32 => "f32",
         }
     }
@@ -61,6 +65,7 @@ impl Served {
     pub fn bytes_for(self, n: usize, k: usize) -> usize {
         match self {
             Served::F32 => PackedMatrix::bytes_for(n, k),
+            Served::Bf16 => PackedMatrix::bytes_for_bf16(n, k),
             Served::Q8_0 => QuantMatrix::bytes_for(QFormat::Q8, n, k),
             Served::Q4_0 => QuantMatrix::bytes_for(QFormat::Q4Sym, n, k),
             Served::Q4_1 => QuantMatrix::bytes_for(QFormat::Q4, n, k),
@@ -71,13 +76,16 @@ impl Served {
     pub fn choose(choice: WeightChoice, stored: &Stored<'_>, k: usize) -> Served {
         let wanted = match choice {
             WeightChoice::F32 => Served::F32,
+            WeightChoice::Bf16 => Served::Bf16,
             WeightChoice::Q8_0 => Served::Q8_0,
             WeightChoice::Q4_0 => Served::Q4_0,
             WeightChoice::Q4_1 => Served::Q4_1,
             WeightChoice::AsFile => match stored {
                 Stored::F32(_) => Served::F32,
+                Stored::Bf16(_) => Served::Bf16,
                 Stored::Raw(r) => match r.dtype {
-                    GgmlDType::F32 | GgmlDType::F16 | GgmlDType::BF16 => Served::F32,
+                    GgmlDType::F32 | GgmlDType::F16 => Served::F32,
+                    GgmlDType::BF16 => Served::Bf16,
                     GgmlDType::Q4_0 => Served::Q4_0,
                     GgmlDType::Q4_1 => Served::Q4_1,
                     _ => Served::Q8_0,
@@ -85,7 +93,7 @@ impl Served {
             },
         };
         // Block formats need whole blocks along k.
-        if wanted != Served::F32 && !k.is_multiple_of(QK) {
+        if !matches!(wanted, Served::F32 | Served::Bf16) && !k.is_multiple_of(QK) {
             Served::F32
         } else {
             wanted
@@ -96,6 +104,7 @@ impl Served {
 /// A projection in its served format.
 #[derive(Debug)]
 pub enum Projection {
+    /// f32 or bf16 panels.
     F32(PackedMatrix),
     Quant(QuantMatrix, Served),
 }
@@ -120,6 +129,7 @@ impl Projection {
     /// The served format.
     pub fn served(&self) -> Served {
         match self {
+            Projection::F32(p) if p.is_bf16() => Served::Bf16,
             Projection::F32(_) => Served::F32,
             Projection::Quant(_, s) => *s,
         }
@@ -143,14 +153,18 @@ impl Projection {
             unreachable!("row beyond the fused matrix")
         };
         Ok(match fmt {
-            Served::F32 => {
+            Served::F32 | Served::Bf16 => {
                 let mut w = Vec::with_capacity(n * k);
                 for s in &sources {
                     if let Source::F32(v, _) = s {
                         w.extend_from_slice(v);
                     }
                 }
-                Projection::F32(PackedMatrix::pack(&w, n, k))
+                Projection::F32(if fmt == Served::Bf16 {
+                    PackedMatrix::pack_bf16(&w, n, k)
+                } else {
+                    PackedMatrix::pack(&w, n, k)
+                })
             }
             Served::Q8_0 => Projection::Quant(
                 QuantMatrix::from_q8(n, k, |row, b| {
@@ -197,7 +211,9 @@ impl<'a> Source<'a> {
         Ok(match stored {
             Stored::Raw(r) if same(r) => Source::Blocks(r),
             Stored::Raw(r) => Source::F32(r.dequantize()?.flatten_all()?.to_vec1()?, r.rows),
-            Stored::F32(t) => Source::F32(t.flatten_all()?.to_vec1()?, t.dims()[0]),
+            Stored::F32(t) | Stored::Bf16(t) => {
+                Source::F32(t.flatten_all()?.to_vec1()?, t.dims()[0])
+            }
         })
     }
 

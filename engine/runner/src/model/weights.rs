@@ -14,7 +14,7 @@
 //! (dequantizing on demand) and Hugging Face semantics; [`Weights::stored`] gives the matrix
 //! as the file holds it.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::path::Path;
 
 use std::borrow::Cow;
@@ -32,6 +32,8 @@ pub struct Weights {
     tensors: HashMap<String, Tensor>,
     /// 2-D GGUF tensors kept in their stored encoding (not also in `tensors`).
     raw: HashMap<String, RawMatrix>,
+    /// Names of `tensors` that a safetensors file stored in bf16 (widened to f32 at load).
+    bf16: HashSet<String>,
 }
 
 /// A `[rows, cols]` matrix as a GGUF file stores it: each row is `cols / block` GGML blocks
@@ -79,6 +81,8 @@ impl RawMatrix {
 pub enum Stored<'a> {
     /// Row-major f32 `[rows, cols]`.
     F32(Tensor),
+    /// A bf16 checkpoint tensor, widened to f32 (exactly) `[rows, cols]`.
+    Bf16(Tensor),
     /// GGUF bytes.
     Raw(&'a RawMatrix),
 }
@@ -89,13 +93,14 @@ impl Weights {
         Self {
             tensors,
             raw: HashMap::new(),
+            bf16: HashSet::new(),
         }
     }
 
     /// Returns the tensor named `name` in f32, checking its shape.
     pub fn get(&self, name: &str, shape: &[usize]) -> Result<Tensor> {
         match self.stored(name, shape)? {
-            Stored::F32(t) => Ok(t),
+            Stored::F32(t) | Stored::Bf16(t) => Ok(t),
             Stored::Raw(r) => r.dequantize(),
         }
     }
@@ -119,6 +124,7 @@ impl Weights {
         }
         Ok(match self.raw.get(name) {
             Some(r) => Stored::Raw(r),
+            None if self.bf16.contains(name) => Stored::Bf16(self.tensors[name].clone()),
             None => Stored::F32(self.tensors[name].clone()),
         })
     }
@@ -146,8 +152,12 @@ impl Weights {
         }
         files.sort();
         let mut tensors = HashMap::new();
+        let mut bf16 = HashSet::new();
         for file in files {
             for (name, t) in candle_core::safetensors::load(&file, &Device::Cpu)? {
+                if t.dtype() == DType::BF16 {
+                    bf16.insert(name.clone());
+                }
                 let t = if t.dtype() == DType::F32 {
                     t
                 } else {
@@ -156,7 +166,10 @@ impl Weights {
                 tensors.insert(name, t.contiguous()?);
             }
         }
-        Ok(Self::from_map(tensors))
+        Ok(Self {
+            bf16,
+            ..Self::from_map(tensors)
+        })
     }
 
     /// Loads the tensors of an already parsed GGUF file: matrices as stored, the rest in f32.
