@@ -278,7 +278,8 @@ def main():
     s.add_argument("--pool", help="the pool whose router to use (default: the first)")
     s.add_argument("--started-file", help="created when the first token arrives")
     s.add_argument("--kill-on-start", metavar="PIDS",
-                   help='file of "engine pid" lines: SIGKILL the answering engine at the first token')
+                   help='file of "engine pid" lines: SIGKILL the answering engine at the first token '
+                        '(engine "-": a stream straight at an engine, without the router header)')
     s.add_argument("--tokens", type=int, default=200)
     s.add_argument("--tenant", default="tenant-000")
     args = p.parse_args()
