@@ -104,8 +104,8 @@ impl Served {
 /// A projection in its served format.
 #[derive(Debug)]
 pub enum Projection {
-    /// f32 or bf16 panels.
-    F32(PackedMatrix),
+    /// f32 or bf16 panels (the matrix says which).
+    Dense(PackedMatrix),
     Quant(QuantMatrix, Served),
 }
 
@@ -113,7 +113,7 @@ impl Projection {
     /// `y = x · wᵀ`; `x: [m, k]`, `y: [m, n]`.
     pub fn matmul(&self, x: &[f32], m: usize, y: &mut [f32]) {
         match self {
-            Projection::F32(p) => p.matmul(x, m, y),
+            Projection::Dense(p) => p.matmul(x, m, y),
             Projection::Quant(q, _) => q.matmul(x, m, y),
         }
     }
@@ -121,7 +121,7 @@ impl Projection {
     /// Bytes read by one pass over the weights.
     pub fn bytes(&self) -> usize {
         match self {
-            Projection::F32(p) => p.bytes(),
+            Projection::Dense(p) => p.bytes(),
             Projection::Quant(q, _) => q.bytes(),
         }
     }
@@ -129,8 +129,8 @@ impl Projection {
     /// The served format.
     pub fn served(&self) -> Served {
         match self {
-            Projection::F32(p) if p.is_bf16() => Served::Bf16,
-            Projection::F32(_) => Served::F32,
+            Projection::Dense(p) if p.is_bf16() => Served::Bf16,
+            Projection::Dense(_) => Served::F32,
             Projection::Quant(_, s) => *s,
         }
     }
@@ -160,7 +160,7 @@ impl Projection {
                         w.extend_from_slice(v);
                     }
                 }
-                Projection::F32(if fmt == Served::Bf16 {
+                Projection::Dense(if fmt == Served::Bf16 {
                     PackedMatrix::pack_bf16(&w, n, k)
                 } else {
                     PackedMatrix::pack(&w, n, k)

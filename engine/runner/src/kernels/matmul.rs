@@ -125,57 +125,36 @@ impl PackedMatrix {
     }
 
     fn matmul_with(&self, isa: Isa, x: &[f32], m: usize, y: &mut [f32]) {
-        let panels = self.n.div_ceil(NR);
         match &self.data {
-            Panels::F32(d) => for_panel_ranges(panels, 1, m, y, |p0, p1, out| {
-                self.run_panels(
-                    d,
-                    x,
-                    m,
-                    p0,
-                    p1,
-                    out,
-                    |xs, k, rows, ps, kn, tile, acc| match isa {
-                        #[cfg(target_arch = "x86_64")]
-                        Isa::Avx512 => x86::tile_avx512(xs, k, rows, ps, kn, tile, acc),
-                        #[cfg(target_arch = "x86_64")]
-                        Isa::Avx2 => x86::tile_avx2(xs, k, rows, ps, kn, tile, acc),
-                        _ => tile_portable(xs, k, rows, ps, kn, tile, acc, |w| w),
-                    },
-                )
-            }),
-            Panels::Bf16(d) => for_panel_ranges(panels, 1, m, y, |p0, p1, out| {
-                self.run_panels(
-                    d,
-                    x,
-                    m,
-                    p0,
-                    p1,
-                    out,
-                    |xs, k, rows, ps, kn, tile, acc| match isa {
-                        #[cfg(target_arch = "x86_64")]
-                        Isa::Avx512 => x86_bf16::tile_avx512(xs, k, rows, ps, kn, tile, acc),
-                        #[cfg(target_arch = "x86_64")]
-                        Isa::Avx2 => x86_bf16::tile_avx2(xs, k, rows, ps, kn, tile, acc),
-                        _ => tile_portable(xs, k, rows, ps, kn, tile, acc, bf16_to_f32),
-                    },
-                )
-            }),
+            Panels::F32(d) => self.matmul_panels(d, isa, x, m, y),
+            Panels::Bf16(d) => self.matmul_panels(d, isa, x, m, y),
         }
     }
 
-    /// Computes output columns of panels `p0..p1` for all `m` rows into `out` (`[m, n]`),
-    /// with `tile` the register-tile kernel for the panels' element type.
-    #[allow(clippy::too_many_arguments)]
-    fn run_panels<E>(
+    fn matmul_panels<E: PanelElem>(
         &self,
         data: &[E],
+        isa: Isa,
+        x: &[f32],
+        m: usize,
+        y: &mut [f32],
+    ) {
+        for_panel_ranges(self.n.div_ceil(NR), 1, m, y, |p0, p1, out| {
+            self.run_panels(data, isa, x, m, p0, p1, out)
+        });
+    }
+
+    /// Computes output columns of panels `p0..p1` for all `m` rows into `out` (`[m, n]`).
+    #[allow(clippy::too_many_arguments)]
+    fn run_panels<E: PanelElem>(
+        &self,
+        data: &[E],
+        isa: Isa,
         x: &[f32],
         m: usize,
         p0: usize,
         p1: usize,
         out: OutPtr,
-        tile_kernel: impl Fn(&[f32], usize, usize, &[E], usize, &mut [f32; MR * NR], bool),
     ) {
         let k = self.k;
         let row_tiles = m.div_ceil(MR);
@@ -193,7 +172,7 @@ impl PackedMatrix {
                     let r0 = ti * MR;
                     let rows = MR.min(m - r0);
                     let xs = &x[r0 * k + kc..(r0 + rows - 1) * k + kc + kn];
-                    tile_kernel(xs, k, rows, ps, kn, tile, kc > 0);
+                    E::tile(isa, xs, k, rows, ps, kn, tile, kc > 0);
                 }
                 kc += kn;
             }
@@ -242,6 +221,65 @@ impl Isa {
             }
         }
         Isa::Portable
+    }
+}
+
+/// A panel element type and its register-tile kernel on each instruction set.
+trait PanelElem: Copy + Sync {
+    /// `tile[r][j] (+)= Σ_t x[r·ldx + t] · panel[t][j]` (see [`tile_portable`]) on `isa`.
+    #[allow(clippy::too_many_arguments)]
+    fn tile(
+        isa: Isa,
+        x: &[f32],
+        ldx: usize,
+        rows: usize,
+        panel: &[Self],
+        kn: usize,
+        tile: &mut [f32; MR * NR],
+        acc: bool,
+    );
+}
+
+impl PanelElem for f32 {
+    fn tile(
+        isa: Isa,
+        x: &[f32],
+        k: usize,
+        rows: usize,
+        ps: &[f32],
+        kn: usize,
+        tile: &mut [f32; MR * NR],
+        acc: bool,
+    ) {
+        match isa {
+            #[cfg(target_arch = "x86_64")]
+            Isa::Avx512 => x86::tile_avx512(x, k, rows, ps, kn, tile, acc),
+            #[cfg(target_arch = "x86_64")]
+            Isa::Avx2 => x86::tile_avx2(x, k, rows, ps, kn, tile, acc),
+            _ => tile_portable(x, k, rows, ps, kn, tile, acc, |w| w),
+        }
+    }
+}
+
+/// bf16 panels (the upper 16 bits of each f32).
+impl PanelElem for u16 {
+    fn tile(
+        isa: Isa,
+        x: &[f32],
+        k: usize,
+        rows: usize,
+        ps: &[u16],
+        kn: usize,
+        tile: &mut [f32; MR * NR],
+        acc: bool,
+    ) {
+        match isa {
+            #[cfg(target_arch = "x86_64")]
+            Isa::Avx512 => x86_bf16::tile_avx512(x, k, rows, ps, kn, tile, acc),
+            #[cfg(target_arch = "x86_64")]
+            Isa::Avx2 => x86_bf16::tile_avx2(x, k, rows, ps, kn, tile, acc),
+            _ => tile_portable(x, k, rows, ps, kn, tile, acc, bf16_to_f32),
+        }
     }
 }
 
@@ -578,35 +616,30 @@ mod tests {
         assert_eq!(bf16_to_f32(bf16_bits(f32::INFINITY)), f32::INFINITY);
     }
 
-    #[test]
-    fn bf16_panels_equal_f32_on_the_widened_weights_on_every_path() {
-        check_bf16(Isa::Portable);
+    /// Every path this CPU can run, the portable one first.
+    fn available() -> Vec<Isa> {
+        let mut isas = vec![Isa::Portable];
         #[cfg(target_arch = "x86_64")]
         {
             if std::arch::is_x86_feature_detected!("avx2")
                 && std::arch::is_x86_feature_detected!("fma")
             {
-                check_bf16(Isa::Avx2);
+                isas.push(Isa::Avx2);
             }
             if std::arch::is_x86_feature_detected!("avx512f") {
-                check_bf16(Isa::Avx512);
+                isas.push(Isa::Avx512);
             }
         }
+        isas
+    }
+
+    #[test]
+    fn bf16_panels_equal_f32_on_the_widened_weights_on_every_path() {
+        available().into_iter().for_each(check_bf16);
     }
 
     #[test]
     fn every_available_path_matches_naive() {
-        check(Isa::Portable);
-        #[cfg(target_arch = "x86_64")]
-        {
-            if std::arch::is_x86_feature_detected!("avx2")
-                && std::arch::is_x86_feature_detected!("fma")
-            {
-                check(Isa::Avx2);
-            }
-            if std::arch::is_x86_feature_detected!("avx512f") {
-                check(Isa::Avx512);
-            }
-        }
+        available().into_iter().for_each(check);
     }
 }

@@ -270,18 +270,20 @@ mod tests {
     use super::*;
     use std::sync::atomic::AtomicUsize;
 
+    /// Runs a loop of `tasks` tasks; whether each ran exactly once.
+    fn each_task_runs_once(tasks: usize) -> bool {
+        let hits: Vec<AtomicUsize> = (0..tasks).map(|_| AtomicUsize::new(0)).collect();
+        for_each_task(tasks, |i| {
+            hits[i].fetch_add(1, Ordering::Relaxed);
+        });
+        hits.iter().all(|h| h.load(Ordering::Relaxed) == 1)
+    }
+
     #[test]
     fn every_task_runs_exactly_once_across_many_loops() {
         for tasks in [0, 1, 2, 3, 7, 64, 1000] {
             for _ in 0..50 {
-                let hits: Vec<AtomicUsize> = (0..tasks).map(|_| AtomicUsize::new(0)).collect();
-                for_each_task(tasks, |i| {
-                    hits[i].fetch_add(1, Ordering::Relaxed);
-                });
-                assert!(
-                    hits.iter().all(|h| h.load(Ordering::Relaxed) == 1),
-                    "{tasks}"
-                );
+                assert!(each_task_runs_once(tasks), "{tasks}");
             }
         }
     }
@@ -292,14 +294,7 @@ mod tests {
         // loop against the old loop's counter would run one task twice (and never return).
         for round in 0..3000 {
             let tasks = [2, 200, 3, 64][round % 4];
-            let hits: Vec<AtomicUsize> = (0..tasks).map(|_| AtomicUsize::new(0)).collect();
-            for_each_task(tasks, |i| {
-                hits[i].fetch_add(1, Ordering::Relaxed);
-            });
-            assert!(
-                hits.iter().all(|h| h.load(Ordering::Relaxed) == 1),
-                "round {round}"
-            );
+            assert!(each_task_runs_once(tasks), "round {round}");
         }
     }
 
