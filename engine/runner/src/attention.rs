@@ -3,15 +3,19 @@
 //! them on a sliding-window layer: `pos + 1 - window ..= pos`), read through that
 //! sequence's block table from the [`KvStore`]; the caller has already written this step's
 //! K/V rows, so tokens of a prefill chunk see each other causally. Grouped-query: query head
-//! `h` reads kv head `h / (heads / kv_heads)`. Work is split over (row, kv head) on rayon;
-//! with 16-token blocks and AVX-512 the scores of a block are one FMA sweep over the
-//! transposed keys (picked at run time), otherwise a portable loop does the same.
+//! `h` reads kv head `h / (heads / kv_heads)`. Work is split over (row, kv head) on the
+//! compute team; with 16-token blocks and AVX-512, [`avx512`] computes a group's scores,
+//! softmax and weighted sum in registers (picked at run time), otherwise a portable loop
+//! does the same.
 
 use std::cell::RefCell;
 
 use super::kv_store::KvStore;
 use crate::kernels::ops::softmax;
 use crate::kernels::team;
+
+#[cfg(target_arch = "x86_64")]
+mod avx512;
 
 /// Where one batch row sits in its sequence.
 #[derive(Debug, Clone, Copy)]
@@ -250,69 +254,6 @@ mod avx2 {
     }
 }
 
-// AVX-512 dot/axpy for head_dim a multiple of 16. Intrinsics need `unsafe`; they are only
-// reached after run-time detection, with lengths asserted.
-#[cfg(target_arch = "x86_64")]
-#[allow(unsafe_code)]
-mod avx512 {
-    use super::GroupJob;
-    use std::arch::x86_64::*;
-
-    /// Scores of one 16-slot block: 16 lanes = 16 positions, one FMA per `d`.
-    #[target_feature(enable = "avx512f")]
-    #[inline]
-    fn scores16(q: &[f32], kt: &[f32], out: &mut [f32]) {
-        assert!(out.len() == 16 && kt.len() >= q.len() * 16);
-        // SAFETY: kt holds q.len() rows of 16 floats and out 16 floats (asserted).
-        unsafe {
-            let mut acc = [_mm512_setzero_ps(); 2];
-            for (d, qd) in q.iter().enumerate() {
-                acc[d % 2] = _mm512_fmadd_ps(
-                    _mm512_set1_ps(*qd),
-                    _mm512_loadu_ps(kt.as_ptr().add(d * 16)),
-                    acc[d % 2],
-                );
-            }
-            _mm512_storeu_ps(out.as_mut_ptr(), _mm512_add_ps(acc[0], acc[1]));
-        }
-    }
-
-    #[target_feature(enable = "avx512f")]
-    #[inline]
-    fn axpy16(y: &mut [f32], a: f32, x: &[f32]) {
-        assert!(y.len() == x.len() && y.len().is_multiple_of(16));
-        // SAFETY: in-bounds loads/stores of whole 16-float groups (asserted).
-        unsafe {
-            let av = _mm512_set1_ps(a);
-            let mut i = 0;
-            while i < y.len() {
-                let yp = y.as_mut_ptr().add(i);
-                _mm512_storeu_ps(
-                    yp,
-                    _mm512_fmadd_ps(av, _mm512_loadu_ps(x.as_ptr().add(i)), _mm512_loadu_ps(yp)),
-                );
-                i += 16;
-            }
-        }
-    }
-
-    #[target_feature(enable = "avx512f")]
-    fn attend_avx512(job: &GroupJob<'_>, scores: &mut Vec<f32>, o: &mut [f32]) {
-        super::attend(
-            job,
-            scores,
-            o,
-            |q, kt, out| scores16(q, kt, out),
-            |y, a, x| axpy16(y, a, x),
-        )
-    }
-
-    pub(super) fn attend(job: &GroupJob<'_>, scores: &mut Vec<f32>, o: &mut [f32]) {
-        // SAFETY: the caller checked `is_x86_feature_detected!("avx512f")`.
-        unsafe { attend_avx512(job, scores, o) }
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -332,11 +273,15 @@ mod tests {
         }
     }
 
-    /// SmolLM2's attention shape (9 query heads over 3 kv heads of 64), rows at positions
-    /// inside, at the end of and past a block, over a scattered block table; returns the
-    /// output of every available path.
-    fn outputs(q_scale: f32, window: Option<usize>) -> Vec<(Path, Vec<f32>)> {
-        let (heads, kv_heads, hd, bs, blocks) = (9, 3, 64, 16, 12);
+    /// Rows at positions inside, at the end of and past a block, over a scattered block
+    /// table, for `heads` query heads over `kv_heads` of `hd`; returns the output of every
+    /// available path.
+    fn outputs(
+        (heads, kv_heads, hd): (usize, usize, usize),
+        q_scale: f32,
+        window: Option<usize>,
+    ) -> Vec<(Path, Vec<f32>)> {
+        let (bs, blocks) = (16, 12);
         let mut rng = Lcg(7);
         let mut kv = KvStore::new(1, kv_heads, hd, bs, blocks);
         let table: Vec<u32> = vec![5, 2, 9, 0, 11, 3, 7, 1];
@@ -380,20 +325,25 @@ mod tests {
             .collect()
     }
 
-    /// Every path computes the same sums in another order: they agree to float rounding
-    /// (measured: under 1e-6 relative; bound 1e-5), with soft and with peaked attention,
-    /// globally and in a window that starts inside a block.
+    /// Every path computes the same sums in another order (and the AVX-512 one its own
+    /// `exp`): they agree to float rounding (measured: under 1e-6 relative; bound 1e-5), with
+    /// soft and with peaked attention, globally and in a window that starts inside a block,
+    /// on shapes that reach every register tiling of the AVX-512 path: SmolLM2's 9 heads over
+    /// 3 of 64, one head per kv head of 16, 5 per kv head of 32 (a chunk of 4 and one of 1),
+    /// 8 per kv head of 128 (two chunks of 4, two passes over V).
     #[test]
     fn every_available_path_agrees_with_the_portable_one() {
-        for (q_scale, window) in [(0.5, None), (8.0, None), (0.5, Some(21))] {
-            let outs = outputs(q_scale, window);
-            let (_, want) = &outs[0];
-            for (path, got) in &outs[1..] {
-                let diff: f32 = got.iter().zip(want).map(|(a, b)| (a - b) * (a - b)).sum();
-                let norm: f32 = want.iter().map(|b| b * b).sum();
-                let rel = (diff / norm).sqrt();
-                println!("{path:?} vs portable, q scale {q_scale}, window {window:?}: {rel:e}");
-                assert!(rel < 1e-5, "{path:?}: relative difference {rel}");
+        for shape in [(9, 3, 64), (4, 4, 16), (10, 2, 32), (16, 2, 128)] {
+            for (q_scale, window) in [(0.5, None), (8.0, None), (0.5, Some(21))] {
+                let outs = outputs(shape, q_scale, window);
+                let (_, want) = &outs[0];
+                for (path, got) in &outs[1..] {
+                    let diff: f32 = got.iter().zip(want).map(|(a, b)| (a - b) * (a - b)).sum();
+                    let norm: f32 = want.iter().map(|b| b * b).sum();
+                    let rel = (diff / norm).sqrt();
+                    println!("{path:?} vs portable, {shape:?}, q {q_scale}, {window:?}: {rel:e}");
+                    assert!(rel < 1e-5, "{path:?} {shape:?}: relative difference {rel}");
+                }
             }
         }
     }

@@ -27,7 +27,7 @@
 use std::arch::x86_64::*;
 
 use super::layout::{Q8_QUANTS, Q8_RECORD, q4_record};
-use super::x86::group as group256;
+use super::x86::{group as group256, prefetch_ahead};
 use super::{COLS, MR, QK, RowsView};
 
 /// Output rows of a panel pair.
@@ -248,6 +248,7 @@ macro_rules! one_panel_kernels {
                 let qp: [*const i8; R] = std::array::from_fn(|r| x.q.as_ptr().add(r * x.k));
                 let mut rec = panel.as_ptr();
                 for b in 0..nb {
+                    prefetch_ahead(rec, record);
                     let d = _mm256_cvtph_ps(_mm_loadu_si128(rec as *const __m128i));
                     let m = if OFS {
                         _mm256_cvtph_ps(_mm_loadu_si128(rec.add(2 * COLS) as *const __m128i))
@@ -291,6 +292,7 @@ macro_rules! one_panel_kernels {
                 let qp: [*const i8; R] = std::array::from_fn(|r| x.q.as_ptr().add(r * x.k));
                 let mut rec = panel.as_ptr();
                 for b in 0..nb {
+                    prefetch_ahead(rec, Q8_RECORD);
                     let d = _mm256_cvtph_ps(_mm_loadu_si128(rec as *const __m128i));
                     let mut w = [_mm256_setzero_si256(); 8];
                     let mut wa = [_mm256_setzero_si256(); 8];

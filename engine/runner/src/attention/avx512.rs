@@ -1,0 +1,324 @@
+//! AVX-512 attention of one (row, kv head) group: 16-token blocks, so 16 lanes are the 16
+//! slots of a block's transposed keys, and `head_dim` a multiple of 16.
+//!
+//! Why its own loops rather than the portable ones compiled 16 lanes wide: those run one
+//! query head at a time, each block's scores one chain of `head_dim` dependent FMAs and each
+//! V row an `axpy` into the output through memory (a store, then the next row's load of it),
+//! so a decode step spent most of its attention time waiting on latencies (profiled: 40% of
+//! `attend` in the score chain, 48% in the axpy's load-FMA-store). Here:
+//! - scores: each K row of a block is loaded once for up to [`HEADS`] query heads, two
+//!   accumulator chains per head (even and odd `d`), and the scale is applied at the store;
+//! - softmax: a vector `exp` (Cephes' polynomial on `[-ln2/2, ln2/2]`, relative error about
+//!   2e-7) on whole 16-slot vectors, the positions outside the row's range masked to 0;
+//! - V: up to [`HEADS`] × [`VECS`] output vectors stay in registers over all positions; each
+//!   V row is loaded once for every head of the chunk.
+//! - prefetch: a block's K (or V) rows are `head_dim` × 64 bytes in one place and the next
+//!   block's are `kv_heads` × that further on, so the hardware prefetcher, which stays within
+//!   a 4 KiB page, starts over at every block and the loads wait on memory (profiled: the
+//!   loads, not the FMAs, were the hot instructions). Each sweep asks for the next block's
+//!   lines while it computes on this one.
+//!
+//! Invariant: every slice bound the pointer arithmetic relies on is asserted in safe code
+//! before the `unsafe` loads (one assertion per block, not per load).
+
+#![allow(unsafe_code)]
+#![allow(clippy::needless_range_loop)] // register tiles read clearest as indexed arrays
+
+use std::arch::x86_64::*;
+
+use super::GroupJob;
+
+/// Slots per block, and lanes per vector.
+const LANES: usize = 16;
+/// Query heads computed together (their accumulators must fit in the 32 registers).
+const HEADS: usize = 4;
+
+/// The group's output `o` (`[group, head_dim]`); entered only after run-time detection of
+/// avx512f, with 16-token blocks and `head_dim % 16 == 0`.
+pub(super) fn attend(job: &GroupJob<'_>, scores: &mut Vec<f32>, o: &mut [f32]) {
+    assert!(job.hd.is_multiple_of(LANES) && job.kv.block_size() == LANES);
+    assert!(o.len() == job.group * job.hd && job.q.len() == job.group * job.hd);
+    // SAFETY: the caller detected avx512f; the shapes the kernels rely on are asserted above
+    // and per block inside.
+    unsafe { attend_avx512(job, scores, o) }
+}
+
+/// The row's positions as slots of its block table: blocks `first..`, and the valid slots
+/// `lo..hi` counted from the first block's slot 0.
+struct Span<'a> {
+    blocks: &'a [u32],
+    lo: usize,
+    hi: usize,
+}
+
+impl<'a> Span<'a> {
+    fn of(job: &GroupJob<'a>) -> Self {
+        let len = job.row.pos + 1;
+        let start = job.window.map_or(0, |w| len.saturating_sub(w));
+        let first = start / LANES;
+        Span {
+            blocks: &job.row.block_table[first..len.div_ceil(LANES)],
+            lo: start - first * LANES,
+            hi: len - first * LANES,
+        }
+    }
+
+    fn padded(&self) -> usize {
+        self.blocks.len() * LANES
+    }
+
+    /// The valid slots of block `bi`, as `from..to` within the block.
+    fn slots(&self, bi: usize) -> (usize, usize) {
+        let at = bi * LANES;
+        (self.lo.saturating_sub(at), (self.hi - at).min(LANES))
+    }
+
+    /// The lanes of vector `bi` (block `bi`) that hold valid positions.
+    fn mask(&self, bi: usize) -> __mmask16 {
+        let (from, to) = self.slots(bi);
+        let upto = |n: usize| ((1u32 << n) - 1) as u16;
+        upto(to) & !upto(from)
+    }
+}
+
+#[target_feature(enable = "avx512f")]
+fn attend_avx512(job: &GroupJob<'_>, scores: &mut Vec<f32>, o: &mut [f32]) {
+    let span = Span::of(job);
+    let padded = span.padded();
+    scores.clear();
+    scores.resize(job.group * padded, 0.0);
+    for g0 in (0..job.group).step_by(HEADS) {
+        let heads = HEADS.min(job.group - g0);
+        let s = &mut scores[g0 * padded..(g0 + heads) * padded];
+        match heads {
+            1 => all_scores::<1>(job, &span, g0, s),
+            2 => all_scores::<2>(job, &span, g0, s),
+            3 => all_scores::<3>(job, &span, g0, s),
+            _ => all_scores::<4>(job, &span, g0, s),
+        }
+    }
+    for g in 0..job.group {
+        softmax_masked(&mut scores[g * padded..(g + 1) * padded], &span);
+    }
+    let vecs = if job.hd.is_multiple_of(64) {
+        4
+    } else if job.hd.is_multiple_of(32) {
+        2
+    } else {
+        1
+    };
+    for g0 in (0..job.group).step_by(HEADS) {
+        let heads = HEADS.min(job.group - g0);
+        let p = &scores[g0 * padded..(g0 + heads) * padded];
+        let out = &mut o[g0 * job.hd..(g0 + heads) * job.hd];
+        match (heads, vecs) {
+            (1, 4) => weighted_values::<1, 4>(job, &span, p, out),
+            (2, 4) => weighted_values::<2, 4>(job, &span, p, out),
+            (3, 4) => weighted_values::<3, 4>(job, &span, p, out),
+            (_, 4) => weighted_values::<4, 4>(job, &span, p, out),
+            (1, 2) => weighted_values::<1, 2>(job, &span, p, out),
+            (2, 2) => weighted_values::<2, 2>(job, &span, p, out),
+            (3, 2) => weighted_values::<3, 2>(job, &span, p, out),
+            (_, 2) => weighted_values::<4, 2>(job, &span, p, out),
+            (1, _) => weighted_values::<1, 1>(job, &span, p, out),
+            (2, _) => weighted_values::<2, 1>(job, &span, p, out),
+            (3, _) => weighted_values::<3, 1>(job, &span, p, out),
+            (_, _) => weighted_values::<4, 1>(job, &span, p, out),
+        }
+    }
+}
+
+/// Scaled scores of query heads `g0..g0 + H` over every block of the span, into `s`
+/// (`[H, padded]`).
+#[target_feature(enable = "avx512f")]
+fn all_scores<const H: usize>(job: &GroupJob<'_>, span: &Span<'_>, g0: usize, s: &mut [f32]) {
+    let hd = job.hd;
+    let (kbuf, _) = job.kv.layer(job.layer);
+    let padded = span.padded();
+    let q = &job.q[g0 * hd..(g0 + H) * hd];
+    assert!(s.len() == H * padded);
+    for (bi, &block) in span.blocks.iter().enumerate() {
+        let base = job.kv.head_offset(block, job.kv_head);
+        let kt = &kbuf[base..base + hd * LANES];
+        let next = next_block(job, span, bi, kbuf);
+        // SAFETY: `kt` holds hd rows of 16 floats, `q` H rows of hd, `s` H rows of padded
+        // with block bi's 16 slots inside each (all checked by the slicing above); `next`
+        // as `kt` (prefetches do not fault anyway).
+        unsafe {
+            let mut acc = [[_mm512_setzero_ps(); 2]; H];
+            let mut d = 0;
+            while d < hd {
+                prefetch(next.add(d * LANES));
+                prefetch(next.add((d + 1) * LANES));
+                let k0 = _mm512_loadu_ps(kt.as_ptr().add(d * LANES));
+                let k1 = _mm512_loadu_ps(kt.as_ptr().add((d + 1) * LANES));
+                for g in 0..H {
+                    let qg = q.as_ptr().add(g * hd + d);
+                    acc[g][0] = _mm512_fmadd_ps(_mm512_set1_ps(*qg), k0, acc[g][0]);
+                    acc[g][1] = _mm512_fmadd_ps(_mm512_set1_ps(*qg.add(1)), k1, acc[g][1]);
+                }
+                d += 2;
+            }
+            let scale = _mm512_set1_ps(job.scale);
+            for g in 0..H {
+                let v = _mm512_mul_ps(_mm512_add_ps(acc[g][0], acc[g][1]), scale);
+                _mm512_storeu_ps(s.as_mut_ptr().add(g * padded + bi * LANES), v);
+            }
+        }
+    }
+}
+
+/// The start of block `bi + 1`'s rows of this kv head in `buf` (K or V), or of block `bi`'s
+/// own for the last block (a harmless repeat).
+fn next_block(job: &GroupJob<'_>, span: &Span<'_>, bi: usize, buf: &[f32]) -> *const f32 {
+    let block = span.blocks[(bi + 1).min(span.blocks.len() - 1)];
+    let base = job.kv.head_offset(block, job.kv_head);
+    buf[base..base + job.hd * LANES].as_ptr()
+}
+
+/// Asks for the cache line at `p` ahead of its use.
+#[inline(always)]
+fn prefetch(p: *const f32) {
+    // SAFETY: a prefetch never faults, whatever the address.
+    unsafe { _mm_prefetch::<_MM_HINT_T0>(p as *const i8) }
+}
+
+/// Softmax over the valid slots of one head's padded scores; the others become 0.
+#[target_feature(enable = "avx512f")]
+fn softmax_masked(s: &mut [f32], span: &Span<'_>) {
+    assert!(s.len() == span.padded());
+    let nv = span.blocks.len();
+    // SAFETY: vector bi covers s[16·bi..16·bi + 16], inside s (asserted).
+    unsafe {
+        let base = s.as_mut_ptr();
+        let at = |bi: usize| base.add(bi * LANES);
+        let mut max = _mm512_set1_ps(f32::NEG_INFINITY);
+        for bi in 0..nv {
+            max = _mm512_mask_max_ps(max, span.mask(bi), max, _mm512_loadu_ps(at(bi)));
+        }
+        let max = _mm512_set1_ps(_mm512_reduce_max_ps(max));
+        let mut sum = _mm512_setzero_ps();
+        for bi in 0..nv {
+            let e = exp(_mm512_sub_ps(_mm512_loadu_ps(at(bi)), max));
+            let e = _mm512_maskz_mov_ps(span.mask(bi), e);
+            sum = _mm512_add_ps(sum, e);
+            _mm512_storeu_ps(at(bi), e);
+        }
+        let inv = _mm512_set1_ps(1.0 / _mm512_reduce_add_ps(sum));
+        for bi in 0..nv {
+            _mm512_storeu_ps(at(bi), _mm512_mul_ps(_mm512_loadu_ps(at(bi)), inv));
+        }
+    }
+}
+
+/// `exp(x)` per lane: `x = n·ln2 + r`, `|r| ≤ ln2/2`, `exp(r)` by Cephes' degree-7
+/// polynomial, `2ⁿ` applied with `vscalefps` (which also flushes very negative `x` to 0).
+#[target_feature(enable = "avx512f")]
+fn exp(x: __m512) -> __m512 {
+    let x = _mm512_max_ps(
+        _mm512_min_ps(x, _mm512_set1_ps(88.0)),
+        _mm512_set1_ps(-104.0),
+    );
+    let n = _mm512_roundscale_ps::<{ _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC }>(
+        _mm512_mul_ps(x, _mm512_set1_ps(std::f32::consts::LOG2_E)),
+    );
+    let r = _mm512_fnmadd_ps(n, _mm512_set1_ps(0.693_359_4), x);
+    let r = _mm512_fnmadd_ps(n, _mm512_set1_ps(-2.121_944_4e-4), r);
+    let mut p = _mm512_set1_ps(1.987_569_1e-4);
+    for c in [
+        1.398_199_9e-3,
+        8.333_452e-3,
+        4.166_579_6e-2,
+        0.166_666_65,
+        0.5,
+    ] {
+        p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(c));
+    }
+    let r2 = _mm512_mul_ps(r, r);
+    let e = _mm512_fmadd_ps(p, r2, _mm512_add_ps(r, _mm512_set1_ps(1.0)));
+    _mm512_scalef_ps(e, n)
+}
+
+/// `out[g] = Σ_j p[g][j] · V[j]` for `H` heads, `V` vectors of the head at a time held in
+/// registers over every valid position.
+#[target_feature(enable = "avx512f")]
+fn weighted_values<const H: usize, const V: usize>(
+    job: &GroupJob<'_>,
+    span: &Span<'_>,
+    p: &[f32],
+    out: &mut [f32],
+) {
+    let hd = job.hd;
+    let (_, vbuf) = job.kv.layer(job.layer);
+    let padded = span.padded();
+    assert!(p.len() == H * padded && out.len() == H * hd && hd.is_multiple_of(V * LANES));
+    for d0 in (0..hd).step_by(V * LANES) {
+        let mut acc = [[_mm512_setzero_ps(); V]; H];
+        for (bi, &block) in span.blocks.iter().enumerate() {
+            let base = job.kv.head_offset(block, job.kv_head);
+            let rows = &vbuf[base..base + LANES * hd];
+            let (from, to) = span.slots(bi);
+            let next = next_block(job, span, bi, vbuf);
+            // SAFETY: `rows` holds 16 rows of hd floats, and d0 + V·16 ≤ hd; p's index
+            // g·padded + bi·16 + slot < H·padded (asserted above); `next` as `rows`.
+            unsafe {
+                for slot in from..to {
+                    for c in 0..V {
+                        prefetch(next.add(slot * hd + d0 + c * LANES));
+                    }
+                    let v: [__m512; V] = std::array::from_fn(|c| {
+                        _mm512_loadu_ps(rows.as_ptr().add(slot * hd + d0 + c * LANES))
+                    });
+                    for g in 0..H {
+                        let w = _mm512_set1_ps(*p.as_ptr().add(g * padded + bi * LANES + slot));
+                        for c in 0..V {
+                            acc[g][c] = _mm512_fmadd_ps(w, v[c], acc[g][c]);
+                        }
+                    }
+                }
+            }
+        }
+        for g in 0..H {
+            for c in 0..V {
+                // SAFETY: g·hd + d0 + (c + 1)·16 ≤ H·hd = out.len() (asserted above).
+                unsafe {
+                    _mm512_storeu_ps(out.as_mut_ptr().add(g * hd + d0 + c * LANES), acc[g][c]);
+                }
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The vector exp against the scalar one over the range softmax feeds it.
+    #[test]
+    fn vector_exp_tracks_the_scalar_exp() {
+        if !std::arch::is_x86_feature_detected!("avx512f") {
+            eprintln!("skipped: no avx512f on this CPU");
+            return;
+        }
+        let xs: Vec<f32> = (0..4096)
+            .map(|i| -100.0 + i as f32 * (100.0 / 4096.0))
+            .collect();
+        let mut worst = 0f32;
+        for chunk in xs.chunks_exact(LANES) {
+            let mut got = [0f32; LANES];
+            // SAFETY: avx512f detected; 16 floats read and written.
+            unsafe {
+                let e = exp(_mm512_loadu_ps(chunk.as_ptr()));
+                _mm512_storeu_ps(got.as_mut_ptr(), e);
+            }
+            for (x, g) in chunk.iter().zip(got) {
+                let want = x.exp();
+                if want > f32::MIN_POSITIVE {
+                    worst = worst.max(((g - want) / want).abs());
+                }
+            }
+        }
+        println!("vector exp: worst relative error {worst:e}");
+        assert!(worst < 1e-6, "relative error {worst}");
+    }
+}
