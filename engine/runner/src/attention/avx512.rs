@@ -137,10 +137,17 @@ fn all_scores<const H: usize>(job: &GroupJob<'_>, span: &Span<'_>, g0: usize, s:
     let padded = span.padded();
     let q = &job.q[g0 * hd..(g0 + H) * hd];
     assert!(s.len() == H * padded);
+    for i in 0..blocks_ahead().min(span.blocks.len()) {
+        let first = read_at(job, span, i);
+        for line in 0..hd {
+            // SAFETY: `read_at` returns the start of hd rows of 16 floats.
+            prefetch(unsafe { first.add(line * LANES) });
+        }
+    }
     for (bi, &block) in span.blocks.iter().enumerate() {
         let base = job.kv.head_offset(block, job.kv_head);
         let kt = &kbuf[base..base + hd * LANES];
-        let next = next_block(job, span, bi, kbuf);
+        let next = read_at(job, span, bi + blocks_ahead());
         // SAFETY: `kt` holds hd rows of 16 floats, `q` H rows of hd, `s` H rows of padded
         // with block bi's 16 slots inside each (all checked by the slicing above); `next`
         // as `kt` (prefetches do not fault anyway).
@@ -168,11 +175,30 @@ fn all_scores<const H: usize>(job: &GroupJob<'_>, span: &Span<'_>, g0: usize, s:
     }
 }
 
-/// The start of block `bi + 1`'s rows of this kv head in `buf` (K or V), or of block `bi`'s
-/// own for the last block (a harmless repeat).
-fn next_block(job: &GroupJob<'_>, span: &Span<'_>, bi: usize, buf: &[f32]) -> *const f32 {
-    let block = span.blocks[(bi + 1).min(span.blocks.len() - 1)];
-    let base = job.kv.head_offset(block, job.kv_head);
+/// Blocks a sweep prefetches ahead of the one it computes on. One block of K or V is
+/// `head_dim` × 64 bytes and takes about a hundred cycles to compute on, a few times less
+/// than a miss to memory, so one block ahead still waited.
+fn blocks_ahead() -> usize {
+    static A: std::sync::OnceLock<usize> = std::sync::OnceLock::new();
+    *A.get_or_init(|| {
+        std::env::var("TG_AHEAD")
+            .ok()
+            .and_then(|v| v.parse().ok())
+            .unwrap_or(2)
+    })
+}
+
+/// The start of item `i` of the group's reads in the order the sweeps make them: the span's
+/// K blocks, then its V blocks; past the end, the last V block again (a harmless repeat).
+fn read_at(job: &GroupJob<'_>, span: &Span<'_>, i: usize) -> *const f32 {
+    let nb = span.blocks.len();
+    let (k, v) = job.kv.layer(job.layer);
+    let (buf, bi) = if i < nb {
+        (k, i)
+    } else {
+        (v, (i - nb).min(nb - 1))
+    };
+    let base = job.kv.head_offset(span.blocks[bi], job.kv_head);
     buf[base..base + job.hd * LANES].as_ptr()
 }
 
@@ -258,7 +284,7 @@ fn weighted_values<const H: usize, const V: usize>(
             let base = job.kv.head_offset(block, job.kv_head);
             let rows = &vbuf[base..base + LANES * hd];
             let (from, to) = span.slots(bi);
-            let next = next_block(job, span, bi, vbuf);
+            let next = read_at(job, span, span.blocks.len() + bi + blocks_ahead());
             // SAFETY: `rows` holds 16 rows of hd floats, and d0 + V·16 ≤ hd; p's index
             // g·padded + bi·16 + slot < H·padded (asserted above); `next` as `rows`.
             unsafe {

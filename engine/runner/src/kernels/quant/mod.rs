@@ -206,11 +206,14 @@ impl QuantMatrix {
     /// where the kernel takes two panels, one at a time otherwise.
     fn run_panels(&self, isa: Isa, xq: &QuantRows, m: usize, p0: usize, p1: usize, out: OutPtr) {
         let mut p = p0;
+        #[cfg(target_arch = "x86_64")]
+        let mut amx_scratch: Option<Box<amx::Scratch>> = None;
         while p < p1 {
             #[cfg(target_arch = "x86_64")]
             if pairs(isa, m) && p + 1 < p1 {
                 if isa == Isa::Amx && m >= AMX_MIN_ROWS {
-                    self.run_amx_pair(xq, m, p, out);
+                    let s = amx_scratch.get_or_insert_with(|| Box::new(amx::Scratch::new()));
+                    self.run_amx_pair(xq, m, p, out, s);
                 } else {
                     self.run_pair(xq, m, p, out);
                 }
@@ -295,18 +298,15 @@ impl QuantMatrix {
     /// Output columns of panels `p` and `p + 1` (both present) for all `m` rows, with the AMX
     /// pair kernel (tiles of 16 rows).
     #[cfg(target_arch = "x86_64")]
-    fn run_amx_pair(&self, xq: &QuantRows, m: usize, p: usize, out: OutPtr) {
+    fn run_amx_pair(&self, xq: &QuantRows, m: usize, p: usize, out: OutPtr, s: &mut amx::Scratch) {
         let (a, b) = (self.panel(p), self.panel(p + 1));
         let cols = vnni::PAIR.min(self.n - p * COLS);
         for (r0, view) in RowsView::tiles(xq, m, amx::AMX_MR) {
-            let mut tile = [[0f32; vnni::PAIR]; amx::AMX_MR];
             match self.fmt {
-                QFormat::Q4 | QFormat::Q4Sym => {
-                    amx::q4_pair(a, b, &view, &mut tile, self.fmt.offsets())
-                }
-                QFormat::Q8 => amx::q8_pair(a, b, &view, &mut tile),
+                QFormat::Q4 | QFormat::Q4Sym => amx::q4_pair(a, b, &view, s, self.fmt.offsets()),
+                QFormat::Q8 => amx::q8_pair(a, b, &view, s),
             }
-            for (r, t) in tile.iter().enumerate().take(view.rows) {
+            for (r, t) in s.tile.iter().enumerate().take(view.rows) {
                 out.write((r0 + r) * self.n + p * COLS, &t[..cols]);
             }
         }
