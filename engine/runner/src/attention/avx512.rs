@@ -8,10 +8,10 @@
 //! `attend` in the score chain, 48% in the axpy's load-FMA-store). Here:
 //! - scores: each K row of a block is loaded once for up to [`HEADS`] query heads, two
 //!   accumulator chains per head (even and odd `d`), and the scale is applied at the store;
-//! - softmax: a vector `exp` (Cephes' polynomial on `[-ln2/2, ln2/2]`, relative error about
-//!   2e-7) on whole 16-slot vectors, the positions outside the row's range masked to 0;
-//! - V: up to [`HEADS`] × [`VECS`] output vectors stay in registers over all positions; each
-//!   V row is loaded once for every head of the chunk.
+//! - softmax: the vector `exp` of [`crate::kernels::vector_math`] on whole 16-slot vectors,
+//!   the positions outside the row's range masked to 0;
+//! - V: up to [`HEADS`] × 4 output vectors (64 of `head_dim`) stay in registers over all
+//!   positions; each V row is loaded once for every head of the chunk.
 //! - prefetch: a block's K (or V) rows are `head_dim` × 64 bytes in one place and the next
 //!   block's are `kv_heads` × that further on, so the hardware prefetcher, which stays within
 //!   a 4 KiB page, starts over at every block and the loads wait on memory (profiled: the
@@ -27,6 +27,7 @@
 use std::arch::x86_64::*;
 
 use super::GroupJob;
+use crate::kernels::vector_math::exp;
 
 /// Slots per block, and lanes per vector.
 const LANES: usize = 16;
@@ -137,7 +138,7 @@ fn all_scores<const H: usize>(job: &GroupJob<'_>, span: &Span<'_>, g0: usize, s:
     let padded = span.padded();
     let q = &job.q[g0 * hd..(g0 + H) * hd];
     assert!(s.len() == H * padded);
-    for i in 0..blocks_ahead().min(span.blocks.len()) {
+    for i in 0..BLOCKS_AHEAD.min(span.blocks.len()) {
         let first = read_at(job, span, i);
         for line in 0..hd {
             // SAFETY: `read_at` returns the start of hd rows of 16 floats.
@@ -147,7 +148,7 @@ fn all_scores<const H: usize>(job: &GroupJob<'_>, span: &Span<'_>, g0: usize, s:
     for (bi, &block) in span.blocks.iter().enumerate() {
         let base = job.kv.head_offset(block, job.kv_head);
         let kt = &kbuf[base..base + hd * LANES];
-        let next = read_at(job, span, bi + blocks_ahead());
+        let next = read_at(job, span, bi + BLOCKS_AHEAD);
         // SAFETY: `kt` holds hd rows of 16 floats, `q` H rows of hd, `s` H rows of padded
         // with block bi's 16 slots inside each (all checked by the slicing above); `next`
         // as `kt` (prefetches do not fault anyway).
@@ -175,18 +176,10 @@ fn all_scores<const H: usize>(job: &GroupJob<'_>, span: &Span<'_>, g0: usize, s:
     }
 }
 
-/// Blocks a sweep prefetches ahead of the one it computes on. One block of K or V is
-/// `head_dim` × 64 bytes and takes about a hundred cycles to compute on, a few times less
-/// than a miss to memory, so one block ahead still waited.
-fn blocks_ahead() -> usize {
-    static A: std::sync::OnceLock<usize> = std::sync::OnceLock::new();
-    *A.get_or_init(|| {
-        std::env::var("TG_AHEAD")
-            .ok()
-            .and_then(|v| v.parse().ok())
-            .unwrap_or(2)
-    })
-}
+/// Blocks a sweep prefetches ahead of the one it computes on. On the AMX Xeon, 1 to 6
+/// measured alike in `bench-model --batch 1,32` on SmolLM2 (within the machine's noise);
+/// none at all was 16% slower at batch 1 over a 400-token context (112.5 against 134 tok/s).
+const BLOCKS_AHEAD: usize = 2;
 
 /// The start of item `i` of the group's reads in the order the sweeps make them: the span's
 /// K blocks, then its V blocks; past the end, the last V block again (a harmless repeat).
@@ -237,34 +230,6 @@ fn softmax_masked(s: &mut [f32], span: &Span<'_>) {
     }
 }
 
-/// `exp(x)` per lane: `x = n·ln2 + r`, `|r| ≤ ln2/2`, `exp(r)` by Cephes' degree-7
-/// polynomial, `2ⁿ` applied with `vscalefps` (which also flushes very negative `x` to 0).
-#[target_feature(enable = "avx512f")]
-fn exp(x: __m512) -> __m512 {
-    let x = _mm512_max_ps(
-        _mm512_min_ps(x, _mm512_set1_ps(88.0)),
-        _mm512_set1_ps(-104.0),
-    );
-    let n = _mm512_roundscale_ps::<{ _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC }>(
-        _mm512_mul_ps(x, _mm512_set1_ps(std::f32::consts::LOG2_E)),
-    );
-    let r = _mm512_fnmadd_ps(n, _mm512_set1_ps(0.693_359_4), x);
-    let r = _mm512_fnmadd_ps(n, _mm512_set1_ps(-2.121_944_4e-4), r);
-    let mut p = _mm512_set1_ps(1.987_569_1e-4);
-    for c in [
-        1.398_199_9e-3,
-        8.333_452e-3,
-        4.166_579_6e-2,
-        0.166_666_65,
-        0.5,
-    ] {
-        p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(c));
-    }
-    let r2 = _mm512_mul_ps(r, r);
-    let e = _mm512_fmadd_ps(p, r2, _mm512_add_ps(r, _mm512_set1_ps(1.0)));
-    _mm512_scalef_ps(e, n)
-}
-
 /// `out[g] = Σ_j p[g][j] · V[j]` for `H` heads, `V` vectors of the head at a time held in
 /// registers over every valid position.
 #[target_feature(enable = "avx512f")]
@@ -284,7 +249,7 @@ fn weighted_values<const H: usize, const V: usize>(
             let base = job.kv.head_offset(block, job.kv_head);
             let rows = &vbuf[base..base + LANES * hd];
             let (from, to) = span.slots(bi);
-            let next = read_at(job, span, span.blocks.len() + bi + blocks_ahead());
+            let next = read_at(job, span, span.blocks.len() + bi + BLOCKS_AHEAD);
             // SAFETY: `rows` holds 16 rows of hd floats, and d0 + V·16 ≤ hd; p's index
             // g·padded + bi·16 + slot < H·padded (asserted above); `next` as `rows`.
             unsafe {
@@ -312,39 +277,5 @@ fn weighted_values<const H: usize, const V: usize>(
                 }
             }
         }
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    /// The vector exp against the scalar one over the range softmax feeds it.
-    #[test]
-    fn vector_exp_tracks_the_scalar_exp() {
-        if !std::arch::is_x86_feature_detected!("avx512f") {
-            eprintln!("skipped: no avx512f on this CPU");
-            return;
-        }
-        let xs: Vec<f32> = (0..4096)
-            .map(|i| -100.0 + i as f32 * (100.0 / 4096.0))
-            .collect();
-        let mut worst = 0f32;
-        for chunk in xs.chunks_exact(LANES) {
-            let mut got = [0f32; LANES];
-            // SAFETY: avx512f detected; 16 floats read and written.
-            unsafe {
-                let e = exp(_mm512_loadu_ps(chunk.as_ptr()));
-                _mm512_storeu_ps(got.as_mut_ptr(), e);
-            }
-            for (x, g) in chunk.iter().zip(got) {
-                let want = x.exp();
-                if want > f32::MIN_POSITIVE {
-                    worst = worst.max(((g - want) / want).abs());
-                }
-            }
-        }
-        println!("vector exp: worst relative error {worst:e}");
-        assert!(worst < 1e-6, "relative error {worst}");
     }
 }

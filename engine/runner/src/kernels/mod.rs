@@ -10,6 +10,8 @@ mod out_ptr;
 pub mod peak;
 pub mod quant;
 pub(crate) mod team;
+#[cfg(target_arch = "x86_64")]
+pub(crate) mod vector_math;
 
 pub use matmul::{PackedMatrix, matmul_xwt};
 pub use quant::{QFormat, QuantMatrix};

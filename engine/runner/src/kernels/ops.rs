@@ -38,8 +38,17 @@ pub fn rope_row(row: &mut [f32], head_dim: usize, pos: usize, inv_freq: &[f64], 
     }
 }
 
-/// `out[i] = silu(gate[i]) * up[i]`.
+/// `out[i] = silu(gate[i]) * up[i]`: on 16 lanes where the CPU has AVX-512.
 pub fn silu_mul(gate: &[f32], up: &[f32], out: &mut [f32]) {
+    #[cfg(target_arch = "x86_64")]
+    if std::arch::is_x86_feature_detected!("avx512f") {
+        return super::vector_math::silu_mul(gate, up, out);
+    }
+    silu_mul_portable(gate, up, out)
+}
+
+/// [`silu_mul`] for any CPU.
+pub fn silu_mul_portable(gate: &[f32], up: &[f32], out: &mut [f32]) {
     for ((o, g), u) in out.iter_mut().zip(gate).zip(up) {
         *o = g / (1.0 + (-g).exp()) * u;
     }

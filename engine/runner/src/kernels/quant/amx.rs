@@ -113,8 +113,10 @@ struct Aligned<T>(T);
 /// The buffers of the pair kernels, made once per panel range and reused by each call:
 /// zeroing them per call (4 KiB) cost more than 3% of a batch-32 step.
 pub(super) struct Scratch {
-    /// Tile B of two blocks in flight.
-    w: Aligned<[[u8; 512]; 2]>,
+    /// Tile B of every block of the panel pair being multiplied ([`unpack_pair`]).
+    wbuf: Vec<Aligned<[u8; 512]>>,
+    /// Which pair `wbuf` holds: its first panel's address and block count.
+    unpacked: Option<(usize, usize)>,
     /// The two blocks' i32 sums, as stored from the C tiles.
     c: Aligned<[[[i32; 16]; AMX_MR]; 2]>,
     /// The call's result: rows `0..rows` of the tile, 16 outputs each.
@@ -129,7 +131,8 @@ impl Scratch {
     /// Buffers for one panel range, on the thread that runs it (it is not `Send`).
     pub(super) fn new() -> Self {
         Scratch {
-            w: Aligned([[0; 512]; 2]),
+            wbuf: Vec::new(),
+            unpacked: None,
             c: Aligned([[[0; 16]; AMX_MR]; 2]),
             tile: [[0.0; PAIR]; AMX_MR],
             configured: None,
@@ -219,7 +222,7 @@ unsafe fn two_block_products(
     signed: bool,
     a: [*const i8; 2],
     k: usize,
-    w: &[[u8; 512]; 2],
+    w: [&[u8; 512]; 2],
     c: &mut [[[i32; 16]; AMX_MR]; 2],
 ) {
     macro_rules! products {
@@ -370,6 +373,49 @@ fn q8x2<const R: usize>(pa: &[u8], pb: &[u8], x: &RowsView<'_>, s: &mut Scratch)
     pair::<R, false, false>(pa, pb, x, s)
 }
 
+/// Tile B of every block of panels `a` and `b` (4-bit with `offsets` or without, or 8-bit),
+/// unpacked once into `s` for all the row tiles [`q4_pair`] or [`q8_pair`] then multiply
+/// by them. Unpacked per call, the tile loads waited on the vector stores just made (16%
+/// of the kernel at batch 32 on one `tileloadd`), and a batch of 32 rows unpacked each
+/// block twice.
+pub(super) fn unpack_pair(a: &[u8], b: &[u8], q4: bool, offsets: bool, k: usize, s: &mut Scratch) {
+    let nb = k / QK;
+    let record = if q4 { q4_record(offsets).0 } else { Q8_RECORD };
+    assert!(k.is_multiple_of(QK) && a.len() >= nb * record && b.len() >= nb * record);
+    if s.wbuf.len() < nb {
+        s.wbuf.resize_with(nb, || Aligned([0; 512]));
+    }
+    // SAFETY: the caller checked `usable` (so AVX-512 F/BW); lengths asserted above.
+    unsafe {
+        match (q4, offsets) {
+            (true, true) => unpack::<true, true>(a, b, nb, &mut s.wbuf),
+            (true, false) => unpack::<true, false>(a, b, nb, &mut s.wbuf),
+            (false, _) => unpack::<false, false>(a, b, nb, &mut s.wbuf),
+        }
+    }
+    s.unpacked = Some((a.as_ptr() as usize, nb));
+}
+
+#[target_feature(enable = "avx512f,avx512bw")]
+fn unpack<const Q4: bool, const OFS: bool>(
+    a: &[u8],
+    b: &[u8],
+    nb: usize,
+    wbuf: &mut [Aligned<[u8; 512]>],
+) {
+    let record = if Q4 { q4_record(OFS).0 } else { Q8_RECORD };
+    for (blk, w) in wbuf[..nb].iter_mut().enumerate() {
+        // SAFETY: nb whole records in each panel (asserted by `unpack_pair`).
+        unsafe {
+            weights::<Q4, OFS>(
+                a.as_ptr().add(blk * record),
+                b.as_ptr().add(blk * record),
+                &mut w.0,
+            )
+        }
+    }
+}
+
 /// Panels `pa` and `pb` × R rows: blocks two at a time (two sets of tiles in flight), then
 /// a last one when the count is odd.
 #[inline(always)]
@@ -383,7 +429,14 @@ fn pair<const R: usize, const Q4: bool, const OFS: bool>(
     let record = if Q4 { q4_record(OFS).0 } else { Q8_RECORD };
     // SAFETY: entered after `usable` (the wrappers' callers check it).
     unsafe { s.configure_for(R) };
-    let Scratch { w, c, tile, .. } = s;
+    let Scratch {
+        wbuf,
+        unpacked,
+        c,
+        tile,
+        ..
+    } = s;
+    assert!(*unpacked == Some((pa.as_ptr() as usize, nb)) && wbuf.len() >= nb);
     // SAFETY: R ≤ rows rows of k quants and nb scales, nb records in each panel (asserted by
     // the wrapper); every offset below stays inside those. Entered from a function with the
     // AVX-512 features enabled, after `usable`.
@@ -394,17 +447,15 @@ fn pair<const R: usize, const Q4: bool, const OFS: bool>(
         let mut b = 0;
         while b + 1 < nb {
             let ((a0, b0), (a1, b1)) = (rec(b), rec(b + 1));
-            weights::<Q4, OFS>(a0, b0, &mut w.0[0]);
-            weights::<Q4, OFS>(a1, b1, &mut w.0[1]);
-            two_block_products(!Q4, [act(b), act(b + 1)], x.k, &w.0, &mut c.0);
+            let w = [&wbuf.get_unchecked(b).0, &wbuf.get_unchecked(b + 1).0];
+            two_block_products(!Q4, [act(b), act(b + 1)], x.k, w, &mut c.0);
             scale_into::<R, Q4, OFS>(&mut acc, &c.0[0], a0, b0, x, b);
             scale_into::<R, Q4, OFS>(&mut acc, &c.0[1], a1, b1, x, b + 1);
             b += 2;
         }
         if b < nb {
             let (a0, b0) = rec(b);
-            weights::<Q4, OFS>(a0, b0, &mut w.0[0]);
-            one_block_product(!Q4, act(b), x.k, &w.0[0], &mut c.0[0]);
+            one_block_product(!Q4, act(b), x.k, &wbuf.get_unchecked(b).0, &mut c.0[0]);
             scale_into::<R, Q4, OFS>(&mut acc, &c.0[0], a0, b0, x, b);
         }
         for r in 0..R {

@@ -301,6 +301,8 @@ impl QuantMatrix {
     fn run_amx_pair(&self, xq: &QuantRows, m: usize, p: usize, out: OutPtr, s: &mut amx::Scratch) {
         let (a, b) = (self.panel(p), self.panel(p + 1));
         let cols = vnni::PAIR.min(self.n - p * COLS);
+        let q4 = self.fmt != QFormat::Q8;
+        amx::unpack_pair(a, b, q4, self.fmt.offsets(), self.k, s);
         for (r0, view) in RowsView::tiles(xq, m, amx::AMX_MR) {
             match self.fmt {
                 QFormat::Q4 | QFormat::Q4Sym => amx::q4_pair(a, b, &view, s, self.fmt.offsets()),
