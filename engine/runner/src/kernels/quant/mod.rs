@@ -317,7 +317,8 @@ impl QuantMatrix {
 
 /// Rows from which the AMX kernels serve a batch: below, the tile's fixed cost (the
 /// weights copied into a tile, the sums stored and reloaded) outweighs what it saves, and
-/// the AVX-512 VNNI pair kernel runs.
+/// the AVX-512 VNNI pair kernel runs. Measured (docs/engine-loop.md): AMX slower at 2 rows,
+/// even at 3, ahead from 4.
 pub(crate) const AMX_MIN_ROWS: usize = 4;
 
 /// A tile of quantized activation rows (up to [`MR`], or the pair kernels' `PAIR_MR`), as a
