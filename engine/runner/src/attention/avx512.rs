@@ -15,8 +15,9 @@
 //! - prefetch: a block's K (or V) rows are `head_dim` × 64 bytes in one place and the next
 //!   block's are `kv_heads` × that further on, so the hardware prefetcher, which stays within
 //!   a 4 KiB page, starts over at every block and the loads wait on memory (profiled: the
-//!   loads, not the FMAs, were the hot instructions). Each sweep asks for the next block's
-//!   lines while it computes on this one.
+//!   loads, not the FMAs, were the hot instructions). Each sweep asks for the lines of the
+//!   block [`BLOCKS_AHEAD`] on while it computes on this one; the scores' last blocks ask for
+//!   the first V blocks.
 //!
 //! Invariant: every slice bound the pointer arithmetic relies on is asserted in safe code
 //! before the `unsafe` loads (one assertion per block, not per load).
@@ -178,7 +179,7 @@ fn all_scores<const H: usize>(job: &GroupJob<'_>, span: &Span<'_>, g0: usize, s:
 
 /// Blocks a sweep prefetches ahead of the one it computes on. On the AMX Xeon, 1 to 6
 /// measured alike in `bench-model --batch 1,32` on SmolLM2 (within the machine's noise);
-/// none at all was 16% slower at batch 1 over a 400-token context (112.5 against 134 tok/s).
+/// none at all was 6% slower at batch 1 over a 400-token context (125.5 against 134 tok/s).
 const BLOCKS_AHEAD: usize = 2;
 
 /// The start of item `i` of the group's reads in the order the sweeps make them: the span's
