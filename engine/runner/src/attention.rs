@@ -4,9 +4,9 @@
 //! sequence's block table from the [`KvStore`]; the caller has already written this step's
 //! K/V rows, so tokens of a prefill chunk see each other causally. Grouped-query: query head
 //! `h` reads kv head `h / (heads / kv_heads)`. Work is split over (row, kv head) on the
-//! compute team; with 16-token blocks and AVX-512, [`avx512`] computes a group's scores,
-//! softmax and weighted sum in registers (picked at run time), otherwise a portable loop
-//! does the same.
+//! compute team; with 16-token blocks, [`avx512`] (or its 8-lane form [`avx2`]) computes a
+//! group's scores, softmax and weighted sum in registers (picked at run time), otherwise a
+//! portable loop does the same.
 
 use std::cell::RefCell;
 
@@ -15,7 +15,11 @@ use crate::kernels::ops::softmax;
 use crate::kernels::team;
 
 #[cfg(target_arch = "x86_64")]
+mod avx2;
+#[cfg(target_arch = "x86_64")]
 mod avx512;
+#[cfg(target_arch = "x86_64")]
+mod blocks;
 
 /// Where one batch row sits in its sequence.
 #[derive(Debug, Clone, Copy)]
@@ -61,8 +65,10 @@ pub fn paged_attention(
 enum Path {
     /// 16 lanes = one block of positions (head_dim a multiple of 16, 16-token blocks).
     Avx512,
-    /// The portable loops compiled for AVX2 and FMA.
+    /// Its 8-lane form (the same shapes).
     Avx2,
+    /// The portable loops compiled for AVX2 and FMA (any shapes).
+    Avx2Loops,
     /// The portable loops for the build's baseline.
     Portable,
 }
@@ -70,10 +76,13 @@ enum Path {
 impl Path {
     /// The widest path this CPU and these shapes allow.
     fn detect(head_dim: usize, block_size: usize) -> Path {
-        if has_avx512() && head_dim.is_multiple_of(16) && block_size == 16 {
+        let blocks = head_dim.is_multiple_of(16) && block_size == 16;
+        if has_avx512() && blocks {
             Path::Avx512
-        } else if has_avx2_fma() {
+        } else if has_avx2_fma() && blocks {
             Path::Avx2
+        } else if has_avx2_fma() {
+            Path::Avx2Loops
         } else {
             Path::Portable
         }
@@ -117,6 +126,8 @@ fn paged_attention_on(
                 Path::Avx512 => avx512::attend(&job, scores, o),
                 #[cfg(target_arch = "x86_64")]
                 Path::Avx2 => avx2::attend(&job, scores, o),
+                #[cfg(target_arch = "x86_64")]
+                Path::Avx2Loops => avx2_loops::attend(&job, scores, o),
                 _ => attend(&job, scores, o, block_scores_portable, axpy_portable),
             }
         })
@@ -239,7 +250,7 @@ fn attend(
 // the same code, inlined into a function the compiler may vectorize 8 lanes wide.
 #[cfg(target_arch = "x86_64")]
 #[allow(unsafe_code)]
-mod avx2 {
+mod avx2_loops {
     use super::{GroupJob, attend as attend_generic, axpy_portable, block_scores_portable};
 
     #[target_feature(enable = "avx2,fma")]
@@ -310,6 +321,7 @@ mod tests {
         let q = rng.vec(rows.len() * shape.q_stride, q_scale);
         let mut paths = vec![Path::Portable];
         if has_avx2_fma() {
+            paths.push(Path::Avx2Loops);
             paths.push(Path::Avx2);
         }
         if Path::detect(hd, bs) == Path::Avx512 {
@@ -330,10 +342,16 @@ mod tests {
     /// soft and with peaked attention, globally and in a window that starts inside a block,
     /// on shapes that reach every register tiling of the AVX-512 path: SmolLM2's 9 heads over
     /// 3 of 64, one head per kv head of 16, 5 per kv head of 32 (a chunk of 4 and one of 1),
-    /// 8 per kv head of 128 (two chunks of 4, two passes over V).
+    /// 8 per kv head of 128 (two chunks of 4, two passes over V), 2 per kv head of 32.
     #[test]
     fn every_available_path_agrees_with_the_portable_one() {
-        for shape in [(9, 3, 64), (4, 4, 16), (10, 2, 32), (16, 2, 128)] {
+        for shape in [
+            (9, 3, 64),
+            (4, 4, 16),
+            (10, 2, 32),
+            (16, 2, 128),
+            (6, 3, 32),
+        ] {
             for (q_scale, window) in [(0.5, None), (8.0, None), (0.5, Some(21))] {
                 let outs = outputs(shape, q_scale, window);
                 let (_, want) = &outs[0];

@@ -28,10 +28,8 @@
 use std::arch::x86_64::*;
 
 use super::GroupJob;
+use super::blocks::{BLOCKS_AHEAD, LANES, Span, prefetch, read_at};
 use crate::kernels::vector_math::exp;
-
-/// Slots per block, and lanes per vector.
-const LANES: usize = 16;
 /// Query heads computed together (their accumulators must fit in the 32 registers).
 const HEADS: usize = 4;
 
@@ -43,44 +41,6 @@ pub(super) fn attend(job: &GroupJob<'_>, scores: &mut Vec<f32>, o: &mut [f32]) {
     // SAFETY: the caller detected avx512f; the shapes the kernels rely on are asserted above
     // and per block inside.
     unsafe { attend_avx512(job, scores, o) }
-}
-
-/// The row's positions as slots of its block table: blocks `first..`, and the valid slots
-/// `lo..hi` counted from the first block's slot 0.
-struct Span<'a> {
-    blocks: &'a [u32],
-    lo: usize,
-    hi: usize,
-}
-
-impl<'a> Span<'a> {
-    fn of(job: &GroupJob<'a>) -> Self {
-        let len = job.row.pos + 1;
-        let start = job.window.map_or(0, |w| len.saturating_sub(w));
-        let first = start / LANES;
-        Span {
-            blocks: &job.row.block_table[first..len.div_ceil(LANES)],
-            lo: start - first * LANES,
-            hi: len - first * LANES,
-        }
-    }
-
-    fn padded(&self) -> usize {
-        self.blocks.len() * LANES
-    }
-
-    /// The valid slots of block `bi`, as `from..to` within the block.
-    fn slots(&self, bi: usize) -> (usize, usize) {
-        let at = bi * LANES;
-        (self.lo.saturating_sub(at), (self.hi - at).min(LANES))
-    }
-
-    /// The lanes of vector `bi` (block `bi`) that hold valid positions.
-    fn mask(&self, bi: usize) -> __mmask16 {
-        let (from, to) = self.slots(bi);
-        let upto = |n: usize| ((1u32 << n) - 1) as u16;
-        upto(to) & !upto(from)
-    }
 }
 
 #[target_feature(enable = "avx512f")]
@@ -175,32 +135,6 @@ fn all_scores<const H: usize>(job: &GroupJob<'_>, span: &Span<'_>, g0: usize, s:
             }
         }
     }
-}
-
-/// Blocks a sweep prefetches ahead of the one it computes on. On the AMX Xeon, 1 to 6
-/// measured alike in `bench-model --batch 1,32` on SmolLM2 (within the machine's noise);
-/// none at all was 6% slower at batch 1 over a 400-token context (125.5 against 134 tok/s).
-const BLOCKS_AHEAD: usize = 2;
-
-/// The start of item `i` of the group's reads in the order the sweeps make them: the span's
-/// K blocks, then its V blocks; past the end, the last V block again (a harmless repeat).
-fn read_at(job: &GroupJob<'_>, span: &Span<'_>, i: usize) -> *const f32 {
-    let nb = span.blocks.len();
-    let (k, v) = job.kv.layer(job.layer);
-    let (buf, bi) = if i < nb {
-        (k, i)
-    } else {
-        (v, (i - nb).min(nb - 1))
-    };
-    let base = job.kv.head_offset(span.blocks[bi], job.kv_head);
-    buf[base..base + job.hd * LANES].as_ptr()
-}
-
-/// Asks for the cache line at `p` ahead of its use.
-#[inline(always)]
-fn prefetch(p: *const f32) {
-    // SAFETY: a prefetch never faults, whatever the address.
-    unsafe { _mm_prefetch::<_MM_HINT_T0>(p as *const i8) }
 }
 
 /// Softmax over the valid slots of one head's padded scores; the others become 0.
