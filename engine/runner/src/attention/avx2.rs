@@ -18,7 +18,7 @@
 use std::arch::x86_64::*;
 
 use super::GroupJob;
-use super::blocks::{BLOCKS_AHEAD, LANES, Span, prefetch, read_at};
+use super::blocks::{BLOCKS_AHEAD, LANES, Span, Sweeps, drive, prefetch, read_at};
 use crate::kernels::vector_math::exp256;
 
 /// Lanes of one vector: half a block.
@@ -31,42 +31,50 @@ const V_HEADS: usize = 2;
 /// The group's output `o` (`[group, head_dim]`); entered only after run-time detection of
 /// avx2 and fma, with 16-token blocks and `head_dim % 16 == 0`.
 pub(super) fn attend(job: &GroupJob<'_>, scores: &mut Vec<f32>, o: &mut [f32]) {
-    assert!(job.hd.is_multiple_of(LANES) && job.kv.block_size() == LANES);
-    assert!(o.len() == job.group * job.hd && job.q.len() == job.group * job.hd);
-    // SAFETY: the caller detected avx2 and fma; the shapes the kernels rely on are asserted
-    // above and per block inside.
-    unsafe { attend_avx2(job, scores, o) }
+    // SAFETY: the caller detected avx2 and fma.
+    unsafe { drive::<Avx2>(job, scores, o) }
 }
 
-#[target_feature(enable = "avx2,fma")]
-fn attend_avx2(job: &GroupJob<'_>, scores: &mut Vec<f32>, o: &mut [f32]) {
-    let span = Span::of(job);
-    let padded = span.padded();
-    scores.clear();
-    scores.resize(job.group * padded, 0.0);
-    for g0 in (0..job.group).step_by(HEADS) {
-        let heads = HEADS.min(job.group - g0);
-        let s = &mut scores[g0 * padded..(g0 + heads) * padded];
-        match heads {
-            1 => all_scores::<1>(job, &span, g0, s),
-            2 => all_scores::<2>(job, &span, g0, s),
-            3 => all_scores::<3>(job, &span, g0, s),
-            _ => all_scores::<4>(job, &span, g0, s),
+/// The 8-lane sweeps.
+struct Avx2;
+
+impl Sweeps for Avx2 {
+    const SCORE_HEADS: usize = HEADS;
+    const VALUE_HEADS: usize = V_HEADS;
+
+    unsafe fn scores(job: &GroupJob<'_>, span: &Span<'_>, g0: usize, heads: usize, s: &mut [f32]) {
+        // SAFETY: avx2 and fma, the trait's contract.
+        unsafe {
+            match heads {
+                1 => all_scores::<1>(job, span, g0, s),
+                2 => all_scores::<2>(job, span, g0, s),
+                3 => all_scores::<3>(job, span, g0, s),
+                _ => all_scores::<4>(job, span, g0, s),
+            }
         }
     }
-    for g in 0..job.group {
-        softmax_masked(&mut scores[g * padded..(g + 1) * padded], &span);
+
+    unsafe fn softmax(s: &mut [f32], span: &Span<'_>) {
+        // SAFETY: as in `scores`.
+        unsafe { softmax_masked(s, span) }
     }
-    let wide = job.hd.is_multiple_of(4 * HALF);
-    for g0 in (0..job.group).step_by(V_HEADS) {
-        let heads = V_HEADS.min(job.group - g0);
-        let p = &scores[g0 * padded..(g0 + heads) * padded];
-        let out = &mut o[g0 * job.hd..(g0 + heads) * job.hd];
-        match (heads, wide) {
-            (1, true) => weighted_values::<1, 4>(job, &span, p, out),
-            (_, true) => weighted_values::<2, 4>(job, &span, p, out),
-            (1, false) => weighted_values::<1, 2>(job, &span, p, out),
-            (_, false) => weighted_values::<2, 2>(job, &span, p, out),
+
+    unsafe fn values(
+        job: &GroupJob<'_>,
+        span: &Span<'_>,
+        heads: usize,
+        p: &[f32],
+        out: &mut [f32],
+    ) {
+        let wide = job.hd.is_multiple_of(4 * HALF);
+        // SAFETY: as in `scores`.
+        unsafe {
+            match (heads, wide) {
+                (1, true) => weighted_values::<1, 4>(job, span, p, out),
+                (_, true) => weighted_values::<2, 4>(job, span, p, out),
+                (1, false) => weighted_values::<1, 2>(job, span, p, out),
+                (_, false) => weighted_values::<2, 2>(job, span, p, out),
+            }
         }
     }
 }

@@ -28,7 +28,7 @@
 use std::arch::x86_64::*;
 
 use super::GroupJob;
-use super::blocks::{BLOCKS_AHEAD, LANES, Span, prefetch, read_at};
+use super::blocks::{BLOCKS_AHEAD, LANES, Span, Sweeps, drive, prefetch, read_at};
 use crate::kernels::vector_math::exp;
 /// Query heads computed together (their accumulators must fit in the 32 registers).
 const HEADS: usize = 4;
@@ -36,56 +36,64 @@ const HEADS: usize = 4;
 /// The group's output `o` (`[group, head_dim]`); entered only after run-time detection of
 /// avx512f, with 16-token blocks and `head_dim % 16 == 0`.
 pub(super) fn attend(job: &GroupJob<'_>, scores: &mut Vec<f32>, o: &mut [f32]) {
-    assert!(job.hd.is_multiple_of(LANES) && job.kv.block_size() == LANES);
-    assert!(o.len() == job.group * job.hd && job.q.len() == job.group * job.hd);
-    // SAFETY: the caller detected avx512f; the shapes the kernels rely on are asserted above
-    // and per block inside.
-    unsafe { attend_avx512(job, scores, o) }
+    // SAFETY: the caller detected avx512f.
+    unsafe { drive::<Avx512>(job, scores, o) }
 }
 
-#[target_feature(enable = "avx512f")]
-fn attend_avx512(job: &GroupJob<'_>, scores: &mut Vec<f32>, o: &mut [f32]) {
-    let span = Span::of(job);
-    let padded = span.padded();
-    scores.clear();
-    scores.resize(job.group * padded, 0.0);
-    for g0 in (0..job.group).step_by(HEADS) {
-        let heads = HEADS.min(job.group - g0);
-        let s = &mut scores[g0 * padded..(g0 + heads) * padded];
-        match heads {
-            1 => all_scores::<1>(job, &span, g0, s),
-            2 => all_scores::<2>(job, &span, g0, s),
-            3 => all_scores::<3>(job, &span, g0, s),
-            _ => all_scores::<4>(job, &span, g0, s),
+/// The 16-lane sweeps.
+struct Avx512;
+
+impl Sweeps for Avx512 {
+    const SCORE_HEADS: usize = HEADS;
+    const VALUE_HEADS: usize = HEADS;
+
+    unsafe fn scores(job: &GroupJob<'_>, span: &Span<'_>, g0: usize, heads: usize, s: &mut [f32]) {
+        // SAFETY: avx512f, the trait's contract.
+        unsafe {
+            match heads {
+                1 => all_scores::<1>(job, span, g0, s),
+                2 => all_scores::<2>(job, span, g0, s),
+                3 => all_scores::<3>(job, span, g0, s),
+                _ => all_scores::<4>(job, span, g0, s),
+            }
         }
     }
-    for g in 0..job.group {
-        softmax_masked(&mut scores[g * padded..(g + 1) * padded], &span);
+
+    unsafe fn softmax(s: &mut [f32], span: &Span<'_>) {
+        // SAFETY: as in `scores`.
+        unsafe { softmax_masked(s, span) }
     }
-    let vecs = if job.hd.is_multiple_of(64) {
-        4
-    } else if job.hd.is_multiple_of(32) {
-        2
-    } else {
-        1
-    };
-    for g0 in (0..job.group).step_by(HEADS) {
-        let heads = HEADS.min(job.group - g0);
-        let p = &scores[g0 * padded..(g0 + heads) * padded];
-        let out = &mut o[g0 * job.hd..(g0 + heads) * job.hd];
-        match (heads, vecs) {
-            (1, 4) => weighted_values::<1, 4>(job, &span, p, out),
-            (2, 4) => weighted_values::<2, 4>(job, &span, p, out),
-            (3, 4) => weighted_values::<3, 4>(job, &span, p, out),
-            (_, 4) => weighted_values::<4, 4>(job, &span, p, out),
-            (1, 2) => weighted_values::<1, 2>(job, &span, p, out),
-            (2, 2) => weighted_values::<2, 2>(job, &span, p, out),
-            (3, 2) => weighted_values::<3, 2>(job, &span, p, out),
-            (_, 2) => weighted_values::<4, 2>(job, &span, p, out),
-            (1, _) => weighted_values::<1, 1>(job, &span, p, out),
-            (2, _) => weighted_values::<2, 1>(job, &span, p, out),
-            (3, _) => weighted_values::<3, 1>(job, &span, p, out),
-            (_, _) => weighted_values::<4, 1>(job, &span, p, out),
+
+    unsafe fn values(
+        job: &GroupJob<'_>,
+        span: &Span<'_>,
+        heads: usize,
+        p: &[f32],
+        out: &mut [f32],
+    ) {
+        let vecs = if job.hd.is_multiple_of(64) {
+            4
+        } else if job.hd.is_multiple_of(32) {
+            2
+        } else {
+            1
+        };
+        // SAFETY: as in `scores`.
+        unsafe {
+            match (heads, vecs) {
+                (1, 4) => weighted_values::<1, 4>(job, span, p, out),
+                (2, 4) => weighted_values::<2, 4>(job, span, p, out),
+                (3, 4) => weighted_values::<3, 4>(job, span, p, out),
+                (_, 4) => weighted_values::<4, 4>(job, span, p, out),
+                (1, 2) => weighted_values::<1, 2>(job, span, p, out),
+                (2, 2) => weighted_values::<2, 2>(job, span, p, out),
+                (3, 2) => weighted_values::<3, 2>(job, span, p, out),
+                (_, 2) => weighted_values::<4, 2>(job, span, p, out),
+                (1, _) => weighted_values::<1, 1>(job, span, p, out),
+                (2, _) => weighted_values::<2, 1>(job, span, p, out),
+                (3, _) => weighted_values::<3, 1>(job, span, p, out),
+                (_, _) => weighted_values::<4, 1>(job, span, p, out),
+            }
         }
     }
 }

@@ -73,3 +73,72 @@ pub(super) fn prefetch(p: *const f32) {
     // SAFETY: a prefetch never faults, whatever the address.
     unsafe { _mm_prefetch::<_MM_HINT_T0>(p as *const i8) }
 }
+
+/// One vector width's three sweeps over a group, as [`drive`] runs them.
+pub(super) trait Sweeps {
+    /// Query heads per score sweep (their accumulators fit the width's registers).
+    const SCORE_HEADS: usize;
+    /// Query heads per V sweep.
+    const VALUE_HEADS: usize;
+
+    /// Scaled scores of query heads `g0..g0 + heads` over every block of the span, into `s`
+    /// (`[heads, padded]`).
+    ///
+    /// # Safety
+    /// The CPU has the width's features.
+    unsafe fn scores(job: &GroupJob<'_>, span: &Span<'_>, g0: usize, heads: usize, s: &mut [f32]);
+
+    /// Softmax over the valid slots of one head's padded scores; the others become 0.
+    ///
+    /// # Safety
+    /// As [`Sweeps::scores`].
+    unsafe fn softmax(s: &mut [f32], span: &Span<'_>);
+
+    /// `out[g] = Σ_j p[g][j] · V[j]` for `heads` heads (`p`: `[heads, padded]`).
+    ///
+    /// # Safety
+    /// As [`Sweeps::scores`].
+    unsafe fn values(job: &GroupJob<'_>, span: &Span<'_>, heads: usize, p: &[f32], out: &mut [f32]);
+}
+
+/// The group's output `o` (`[group, head_dim]`) with width `S`: scores in head chunks, the
+/// softmax per head, then the weighted sum in head chunks.
+///
+/// # Safety
+/// The CPU has `S`'s features (the caller detected them).
+pub(super) unsafe fn drive<S: Sweeps>(job: &GroupJob<'_>, scores: &mut Vec<f32>, o: &mut [f32]) {
+    assert!(job.hd.is_multiple_of(LANES) && job.kv.block_size() == LANES);
+    assert!(o.len() == job.group * job.hd && job.q.len() == job.group * job.hd);
+    let span = Span::of(job);
+    let padded = span.padded();
+    scores.clear();
+    scores.resize(job.group * padded, 0.0);
+    // SAFETY: the features are the caller's promise; the shapes the sweeps rely on are
+    // asserted above and inside them.
+    unsafe {
+        for g0 in (0..job.group).step_by(S::SCORE_HEADS) {
+            let heads = S::SCORE_HEADS.min(job.group - g0);
+            S::scores(
+                job,
+                &span,
+                g0,
+                heads,
+                &mut scores[g0 * padded..(g0 + heads) * padded],
+            );
+        }
+        for g in 0..job.group {
+            S::softmax(&mut scores[g * padded..(g + 1) * padded], &span);
+        }
+        for g0 in (0..job.group).step_by(S::VALUE_HEADS) {
+            let heads = S::VALUE_HEADS.min(job.group - g0);
+            let p = &scores[g0 * padded..(g0 + heads) * padded];
+            S::values(
+                job,
+                &span,
+                heads,
+                p,
+                &mut o[g0 * job.hd..(g0 + heads) * job.hd],
+            );
+        }
+    }
+}
