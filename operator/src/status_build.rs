@@ -122,15 +122,20 @@ fn forecast_status(f: &ForecastPlan) -> ForecastStatus {
     let lead = tidegate_api::Duration::from_millis(f.lead_time_ms.div_ceil(1000) * 1000);
     ForecastStatus {
         in_use: f.standing == Standing::InUse,
-        reason: if f.standing == Standing::Off {
-            format!("{} (with Auto: {})", f.standing, f.with_auto)
-        } else {
-            f.standing.to_string()
+        reason: match (f.standing, f.trend) {
+            (Standing::Off, _) => format!("{} (with Auto: {})", f.standing, f.with_auto),
+            // No figures here: a reason that changed every tick would rewrite the status.
+            (_, Some(_)) => format!(
+                "{}; the demand is rising: ordering one lead time ahead of its trend",
+                f.standing
+            ),
+            _ => f.standing.to_string(),
         },
         next_hour_peak_replicas: f.next_hour_peak_replicas,
         lead_time: lead.to_string(),
         lead_time_measured: f.lead_time_measured,
         recent_error: f.recent_error.map(|e| round(e, 2)),
+        rising_trend_replicas: f.trend_replicas,
         history: f.history.clone(),
     }
 }

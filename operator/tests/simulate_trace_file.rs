@@ -67,6 +67,16 @@ fn the_llmd_ramp_replays_on_its_pool_and_eight_static_replicas_meet_the_slo() {
     let stat = policy(&r, "static");
     let att = stat["attainment_by_tier"][0].as_f64().expect("attainment");
     assert!(att >= 0.99, "static 8: {att}");
+    // The pool's forecast is Auto: the rising trend orders ahead of the climb (reactive,
+    // the planner keeps about 96%).
     let tide = policy(&r, "tidegate");
-    assert!(tide["attainment_by_tier"][0].as_f64().is_some());
+    let att = tide["attainment_by_tier"][0].as_f64().expect("attainment");
+    assert!(att >= 0.99, "tidegate: {att}");
+    let gpu_h = |p: &Value| p["gpu_hours"].as_f64().expect("gpu_hours");
+    assert!(
+        gpu_h(tide) < 0.8 * gpu_h(stat),
+        "{} vs {}",
+        gpu_h(tide),
+        gpu_h(stat)
+    );
 }

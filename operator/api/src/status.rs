@@ -120,6 +120,11 @@ pub struct ForecastStatus {
     /// Recent relative error of its predictions one lead time ahead (0.1 = 10%).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub recent_error: Option<f64>,
+    /// Replicas the demand's rising trend over the last minutes needs one lead time ahead,
+    /// while it rises (in Auto, when the profile is not in use: its first day, or a day that
+    /// does not repeat).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub rising_trend_replicas: Option<i32>,
     /// The learned daily profile, the planner's memory across restarts: format, bucket
     /// width, then one value (slot-steps per second) per bucket of the UTC day, empty where
     /// no day has been seen.
@@ -155,8 +160,9 @@ pub struct ScalingDecision {
     pub from: i32,
     /// Replicas after (or recommended, in Advisory mode).
     pub to: i32,
-    /// What the new count rests on: Demand, Forecast, ForecastHold, Manual, NoMetrics,
-    /// ScaleFromZero, Floor or Ceiling (absent in decisions an older operator wrote).
+    /// What the new count rests on: Demand, Forecast, ForecastHold, Trend, Manual,
+    /// NoMetrics, ScaleFromZero, Floor or Ceiling (absent in decisions an older operator
+    /// wrote).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schemars(length(max = 32))]
     pub basis: Option<String>,

@@ -64,6 +64,7 @@ pub struct OperatorMetrics {
     pub forecast_peak_replicas: Family<PoolLabels, Gauge>,
     pub forecast_lead_time: Family<PoolLabels, FloatGauge>,
     pub forecast_error: Family<PoolLabels, FloatGauge>,
+    pub forecast_trend_replicas: Family<PoolLabels, Gauge>,
     pub scaling_decisions: Family<DecisionLabels, Counter>,
     pub status_writes: Family<ReasonLabel, Counter>,
 }
@@ -94,6 +95,7 @@ impl OperatorMetrics {
             forecast_peak_replicas: Family::default(),
             forecast_lead_time: Family::default(),
             forecast_error: Family::default(),
+            forecast_trend_replicas: Family::default(),
             scaling_decisions: Family::default(),
             status_writes: Family::default(),
         };
@@ -178,6 +180,11 @@ impl OperatorMetrics {
             "forecast_recent_error",
             "Recent relative error of the forecast one lead time ahead (0.1 = 10%)",
             m.forecast_error.clone(),
+        );
+        r.register(
+            "forecast_trend_replicas",
+            "Replicas the demand's rising trend needs one lead time ahead (0 while it is not rising)",
+            m.forecast_trend_replicas.clone(),
         );
         r.register(
             "scaling_decisions",
@@ -265,6 +272,9 @@ impl OperatorMetrics {
                 self.forecast_error.remove(l);
             }
         }
+        self.forecast_trend_replicas
+            .get_or_create(l)
+            .set(f.trend_replicas.unwrap_or(0).into());
     }
 
     /// Drops a deleted pool's series.
@@ -284,6 +294,7 @@ impl OperatorMetrics {
         self.forecast_peak_replicas.remove(&l);
         self.forecast_lead_time.remove(&l);
         self.forecast_error.remove(&l);
+        self.forecast_trend_replicas.remove(&l);
         for direction in ["up", "down"] {
             self.scaling_decisions.remove(&DecisionLabels {
                 namespace: pool.namespace.clone(),

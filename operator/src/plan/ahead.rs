@@ -11,6 +11,7 @@ use tidegate_api::{ForecastMode, InferencePoolSpec};
 
 use super::forecast::Standing;
 use super::replicas::TOLERANCE;
+use super::trend::Rise;
 use super::{Basis, MeasuredPlan, Millis, PlanState};
 
 /// The horizon of the reported peak.
@@ -37,6 +38,11 @@ pub struct ForecastPlan {
     pub ahead_floor: Option<i32>,
     /// That peak, steps/s.
     pub ahead_steps_per_second: Option<f64>,
+    /// The demand's rising trend one lead time (and half the rate window) ahead, when
+    /// the forecast is enabled and the rise exceeds the scale-down band.
+    pub trend: Option<Rise>,
+    /// Replicas that trend needs at the target.
+    pub trend_replicas: Option<i32>,
     /// The persisted profile (see `Forecaster::history`).
     pub history: String,
 }
@@ -50,8 +56,10 @@ pub fn forecast(
 ) -> ForecastPlan {
     let grace = spec.engine.startup_grace_period.as_std().as_millis() as u64;
     let lead = state.lead_time.estimate_ms(grace);
+    let lambda = m.demand.steps_per_second(false);
+    state.trend.observe(now, lambda);
     let f = &mut state.forecast;
-    f.observe(now, m.demand.steps_per_second(false), lead);
+    f.observe(now, lambda, lead);
     let enabled = spec.scaling.forecast == ForecastMode::Auto;
     let standing = f.standing(now, lead, enabled);
     let target = spec.slo.target_utilization * m.pod.sessions;
@@ -75,7 +83,17 @@ pub fn forecast(
         (Some(peak), Some(here)) => peak > here * (1.0 + TOLERANCE),
         _ => false,
     };
+    // The measured rates lag the demand by about half their window: look that much further.
+    let lag = spec.scaling.metrics.rate_window.as_std().as_millis() as u64 / 2;
+    // The profile, while in use, sees the day's rises coming; the trend is for what it does
+    // not see (its first day, a day that does not repeat).
+    let trend = (enabled && standing != Standing::InUse)
+        .then(|| state.trend.rising(now, lead + lag))
+        .flatten()
+        .filter(|r| r.ahead > r.now * (1.0 + TOLERANCE));
     ForecastPlan {
+        trend,
+        trend_replicas: trend.map(|r| replicas(r.ahead)),
         standing,
         with_auto: f.standing(now, lead, true),
         lead_time_ms: lead,
@@ -89,31 +107,34 @@ pub fn forecast(
     }
 }
 
-/// The reactive requirement raised to the forecast's, when that is higher; a scale-down
-/// stops where the forecast, with the scale-down rule's tolerance, needs the replicas.
+/// The reactive requirement raised to the forecast's (or the rising trend's), when that is
+/// higher; a scale-down stops where the forecast, with the scale-down rule's tolerance, needs
+/// the replicas.
 pub fn raise(fp: &ForecastPlan, raw: i32, current: i32, why: String) -> (i32, Basis, String) {
+    let lead = tidegate_api::Duration::from_millis(fp.lead_time_ms);
     let floor = fp.ahead_floor.unwrap_or(0).min(current);
-    match fp.ahead_replicas {
-        Some(n) if n > raw && n > current => (
-            n,
-            Basis::Forecast,
-            format!(
-                "{why}; early for the forecast: {:.0} steps/s within the {} lead time need {n} (error {:.0}%)",
-                fp.ahead_steps_per_second.unwrap_or_default(),
-                tidegate_api::Duration::from_millis(fp.lead_time_ms),
-                fp.recent_error.unwrap_or_default() * 100.0,
-            ),
-        ),
-        _ if floor > raw => (
-            floor,
-            Basis::ForecastHold,
-            format!(
-                "{why}; held at {floor}: the forecast within the {} lead time needs them",
-                tidegate_api::Duration::from_millis(fp.lead_time_ms),
-            ),
-        ),
-        _ => (raw, Basis::Demand, why),
+    let early = |n: &i32| *n > raw && *n > current;
+    if let Some(n) = fp.ahead_replicas.filter(early) {
+        let why = format!(
+            "{why}; early for the forecast: {:.0} steps/s within the {lead} lead time need {n} (error {:.0}%)",
+            fp.ahead_steps_per_second.unwrap_or_default(),
+            fp.recent_error.unwrap_or_default() * 100.0,
+        );
+        return (n, Basis::Forecast, why);
     }
+    if let (Some(n), Some(r)) = (fp.trend_replicas.filter(early), fp.trend) {
+        let why = format!(
+            "{why}; early for the rising demand: {:.0} steps/s now, +{:.0}/min, {:.0} within the {lead} lead time need {n}",
+            r.now, r.per_minute, r.ahead,
+        );
+        return (n, Basis::Trend, why);
+    }
+    if floor > raw {
+        let why =
+            format!("{why}; held at {floor}: the forecast within the {lead} lead time needs them");
+        return (floor, Basis::ForecastHold, why);
+    }
+    (raw, Basis::Demand, why)
 }
 
 /// Records this tick's replicas and any scale-up it ordered, for the lead time.

@@ -20,6 +20,7 @@ mod pod_model;
 mod replicas;
 #[cfg(test)]
 mod tests;
+mod trend;
 
 use tidegate_api::conditions::{reasons, types};
 use tidegate_api::{AdmissionState, Duration, InferencePoolSpec, ScalingMode, TierPolicySpec};
@@ -108,6 +109,8 @@ pub struct PlanState {
     pub forecast: Forecaster,
     /// How long this pool's replicas take to be ready once ordered.
     pub lead_time: LeadTime,
+    /// The demand of the last minutes, for its trend.
+    pub trend: trend::Trend,
 }
 
 /// Normal or Warning, as Kubernetes Events have it.
@@ -135,6 +138,8 @@ pub enum Basis {
     Forecast,
     /// A scale-down stopped where the forecast over the lead time needs the replicas.
     ForecastHold,
+    /// The demand's rising trend over the last minutes, one lead time ahead: ordered early.
+    Trend,
     /// `replicas.manual` in Manual mode.
     Manual,
     /// Metrics missing or not yet there: the last decision (or the current count) held.
@@ -148,10 +153,11 @@ pub enum Basis {
 }
 
 impl Basis {
-    pub const ALL: [Basis; 8] = [
+    pub const ALL: [Basis; 9] = [
         Basis::Demand,
         Basis::Forecast,
         Basis::ForecastHold,
+        Basis::Trend,
         Basis::Manual,
         Basis::NoMetrics,
         Basis::ScaleFromZero,
@@ -165,6 +171,7 @@ impl Basis {
             Basis::Demand => "Demand",
             Basis::Forecast => "Forecast",
             Basis::ForecastHold => "ForecastHold",
+            Basis::Trend => "Trend",
             Basis::Manual => "Manual",
             Basis::NoMetrics => "NoMetrics",
             Basis::ScaleFromZero => "ScaleFromZero",

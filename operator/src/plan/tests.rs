@@ -876,77 +876,168 @@ fn requests_queued_at_the_routers_count_as_backlog_once_the_engines_are_full() {
     );
 }
 
+/// What a run with pods that are ready `startup` after they are ordered gave.
+struct Ahead {
+    /// Decisions taken on `basis`, after `counted_from` ticks...
+    on_basis: usize,
+    /// ...and the first one's reason.
+    reason: Option<String>,
+    /// Ticks with fewer ready replicas than the demand needs at the target, after it.
+    late_ticks: usize,
+    last: Plan,
+}
+
+/// Runs `ticks` ticks of `sessions(now)` (from midnight UTC, on `start` ready replicas) with
+/// start-ups of `startup`, counting from tick `counted_from`.
+#[allow(clippy::too_many_arguments)]
+fn run_ahead(
+    mode: ForecastMode,
+    start: i32,
+    sessions: impl Fn(Millis) -> f64,
+    ticks: u64,
+    counted_from: u64,
+    startup: Millis,
+    basis: Basis,
+) -> Ahead {
+    const DAY: Millis = 86_400_000;
+    let mut s = spec(1, 100);
+    s.scaling.forecast = mode;
+    let mut pool = Pool::new(s);
+    pool.now -= pool.now % DAY;
+    pool.replicas = start;
+    // (ready at, replicas): pods ordered become ready `startup` later.
+    let mut arriving: Vec<(Millis, i32)> = Vec::new();
+    let (mut ready, mut on_basis, mut late_ticks, mut reason) = (pool.replicas, 0, 0, None);
+    for i in 0..ticks {
+        pool.now += TICK;
+        arriving.retain(|&(at, n)| {
+            if at <= pool.now {
+                ready = ready.max(n);
+            }
+            at > pool.now
+        });
+        ready = ready.min(pool.replicas);
+        let obs = Observation {
+            now: pool.now,
+            current_replicas: pool.replicas,
+            ready_replicas: ready,
+            metrics: pool.metrics(sessions(pool.now)),
+            held_requests: 0,
+            router_queued: 0,
+        };
+        let plan = super::plan(&pool.spec, Some(&pool.tiers), &obs, &mut pool.state);
+        if plan.replicas > pool.replicas {
+            arriving.push((pool.now + startup, plan.replicas));
+        }
+        pool.replicas = plan.replicas;
+        let needed = (sessions(pool.now) / (0.7 * 50.0)).ceil() as i32;
+        if i >= counted_from {
+            if let Some(d) = plan.decision.as_ref().filter(|d| d.basis == basis) {
+                on_basis += 1;
+                reason.get_or_insert_with(|| d.reason.clone());
+            }
+            late_ticks += (ready < needed) as usize;
+        }
+        pool.plans.push(plan);
+    }
+    let last = pool.plans.pop().expect("ticked");
+    Ahead {
+        on_basis,
+        reason,
+        late_ticks,
+        last,
+    }
+}
+
 /// Two days with a business-hours jump (200 → 1000 sessions over 20 minutes at 09:00, back at
 /// 18:00) and pods that take 6 minutes to be ready: on the second day, in Auto, the planner
 /// orders ahead of the jump and says so; in Off the same ticks react to the demand now.
 #[test]
 fn the_second_day_of_a_steep_morning_is_planned_ahead() {
     const DAY: Millis = 86_400_000;
-    const STARTUP: Millis = 6 * 60_000;
     fn sessions(now: Millis) -> f64 {
         let h = (now % DAY) as f64 / 3_600_000.0;
         let ramp = ((h - 9.0) * 3.0).clamp(0.0, 1.0) * (1.0 - ((h - 18.0) * 3.0).clamp(0.0, 1.0));
         200.0 + 800.0 * ramp
     }
-    let run = |mode: ForecastMode| {
-        let mut s = spec(1, 100);
-        s.scaling.forecast = mode;
-        let mut pool = Pool::new(s);
-        pool.now -= pool.now % DAY;
-        // (ready at, replicas): pods ordered become ready STARTUP later.
-        let mut arriving: Vec<(Millis, i32)> = Vec::new();
-        let (mut ready, mut early, mut late_ticks) = (pool.replicas, 0, 0);
-        for i in 0..2 * DAY / TICK {
-            pool.now += TICK;
-            arriving.retain(|&(at, n)| {
-                if at <= pool.now {
-                    ready = ready.max(n);
-                }
-                at > pool.now
-            });
-            ready = ready.min(pool.replicas);
-            let obs = Observation {
-                now: pool.now,
-                current_replicas: pool.replicas,
-                ready_replicas: ready,
-                metrics: pool.metrics(sessions(pool.now)),
-                held_requests: 0,
-                router_queued: 0,
-            };
-            let plan = super::plan(&pool.spec, Some(&pool.tiers), &obs, &mut pool.state);
-            if plan.replicas > pool.replicas {
-                arriving.push((pool.now + STARTUP, plan.replicas));
-            }
-            pool.replicas = plan.replicas;
-            let needed = (sessions(pool.now) / (0.7 * 50.0)).ceil() as i32;
-            if i >= DAY / TICK {
-                early += plan
-                    .decision
-                    .as_ref()
-                    .is_some_and(|d| d.basis == Basis::Forecast) as usize;
-                late_ticks += (ready < needed) as usize;
-            }
-            pool.plans.push(plan);
-        }
-        let last = pool.plans.last().expect("ticked").clone();
-        (early, late_ticks, last)
+    let run = |mode| {
+        run_ahead(
+            mode,
+            1,
+            sessions,
+            2 * DAY / TICK,
+            DAY / TICK,
+            6 * 60_000,
+            Basis::Forecast,
+        )
     };
-    let (early, late_auto, last) = run(ForecastMode::Auto);
-    let forecast = last.forecast.expect("metrics were fresh");
+    let auto = run(ForecastMode::Auto);
+    let forecast = auto.last.forecast.expect("metrics were fresh");
     assert_eq!(forecast.standing, Standing::InUse, "{forecast:?}");
     assert!(forecast.lead_time_measured);
     assert!(forecast.next_hour_peak_replicas.is_some());
-    assert!(early > 0, "no scale-up was early for the forecast");
-    let (early_off, late_off, last_off) = run(ForecastMode::Off);
-    assert_eq!(early_off, 0);
-    let off = last_off.forecast.expect("fresh");
-    assert_eq!(off.standing, Standing::Off);
-    assert_eq!(off.with_auto, Standing::InUse, "Off still learns");
+    assert!(auto.on_basis > 0, "no scale-up was early for the forecast");
+    let off = run(ForecastMode::Off);
+    assert_eq!(off.on_basis, 0);
+    let last_off = off.last.forecast.expect("fresh");
+    assert_eq!(last_off.standing, Standing::Off);
+    assert_eq!(last_off.with_auto, Standing::InUse, "Off still learns");
     // Ahead of the jump: fewer ticks short of ready replicas on the second day.
     assert!(
-        late_auto < late_off,
-        "short {late_auto} ticks in Auto, {late_off} in Off"
+        auto.late_ticks < off.late_ticks,
+        "short {} ticks in Auto, {} in Off",
+        auto.late_ticks,
+        off.late_ticks
     );
+}
+
+/// A pool's first hour: 200 sessions, then from minute 10 a climb to 1000 over 15 minutes,
+/// pods ready 2 minutes after they are ordered. No profile covers the hour (the forecast is
+/// learning), so in Auto the rising trend orders ahead of the climb and says so; Off reacts.
+#[test]
+fn a_first_day_climb_is_ordered_ahead_of_by_its_trend() {
+    fn sessions(now: Millis) -> f64 {
+        let min = (now % 86_400_000) as f64 / 60_000.0;
+        200.0 + 800.0 * ((min - 10.0) / 15.0).clamp(0.0, 1.0)
+    }
+    let run = |mode| run_ahead(mode, 6, sessions, 40 * 4, 0, 2 * 60_000, Basis::Trend);
+    let auto = run(ForecastMode::Auto);
+    let f = auto.last.forecast.as_ref().expect("fresh");
+    assert_eq!(f.standing, Standing::Learning, "{f:?}");
+    assert!(auto.on_basis > 0, "no scale-up was early for the trend");
+    let reason = auto.reason.as_deref().unwrap_or_default();
+    assert!(reason.contains("early for the rising demand"), "{reason}");
+    let off = run(ForecastMode::Off);
+    assert_eq!(off.on_basis, 0, "Off never orders for a trend");
+    assert!(
+        auto.late_ticks < off.late_ticks,
+        "short {} ticks in Auto, {} in Off",
+        auto.late_ticks,
+        off.late_ticks
+    );
+    // Once the climb is over the trend is gone: nothing rises in the last ten minutes.
+    assert_eq!(f.trend, None, "{f:?}");
+}
+
+/// A steady load with ±10% noise for an hour on a pool sized for it, in Auto with no
+/// profile: the noise is never read as a rising trend.
+#[test]
+fn noise_on_a_steady_load_is_not_a_trend() {
+    fn sessions(now: Millis) -> f64 {
+        // Fixed pseudo-random noise, ±10% around 600.
+        let x = (now / TICK).wrapping_mul(2_654_435_761) % 1000;
+        600.0 * (0.9 + 0.2 * x as f64 / 1000.0)
+    }
+    let auto = run_ahead(
+        ForecastMode::Auto,
+        18,
+        sessions,
+        60 * 4,
+        0,
+        2 * 60_000,
+        Basis::Trend,
+    );
+    assert_eq!(auto.on_basis, 0, "noise ordered replicas as a trend");
 }
 
 #[test]

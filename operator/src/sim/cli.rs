@@ -61,7 +61,9 @@ pub struct Args {
     /// Scale of populations and replica bounds (1.0 = full size: up to 1,000 pods).
     #[arg(long, default_value_t = 1.0)]
     pub scale: f64,
-    /// Also print each policy's replica timeline, one point every this many minutes.
+    /// Also print each policy's replica timeline, one point every this many minutes: ready/current,
+    /// P while paused, !N when N requests missed their target (or were refused for overload) since
+    /// the point before.
     #[arg(long)]
     pub timeline_minutes: Option<u32>,
     /// slo.targetUtilization of tidegate's pool (sensitivity; the API default is 0.7).
@@ -210,6 +212,10 @@ fn simulate_file(
         println!("{}", serde_json::to_string_pretty(&report)?);
     } else {
         println!("{}", words(&report));
+        if let Some(every) = args.timeline_minutes {
+            let runs = report.results.iter().zip(&report.timelines);
+            print_timelines(runs.map(|(r, t)| (r.policy, t.as_slice())), every);
+        }
         println!("total wall time {:.1}s", t0.elapsed().as_secs_f64());
     }
     Ok(())
@@ -224,7 +230,11 @@ fn run_builtin(args: &Args, kinds: &[TraceKind], cfg: &SimConfig) -> anyhow::Res
         let trace = Trace::new(kind, cfg.scale, cfg.seed);
         let outputs = run_trace(kind, &cfg, args.threads)?;
         if let (Some(every), false) = (args.timeline_minutes, args.json) {
-            print_timelines(&outputs, every);
+            let runs = outputs.iter();
+            print_timelines(
+                runs.map(|o| (o.result.policy, o.timeline.as_slice())),
+                every,
+            );
         }
         let results: Vec<_> = outputs.into_iter().map(|o| o.result).collect();
         if !args.json {
@@ -259,19 +269,30 @@ fn run_builtin(args: &Args, kinds: &[TraceKind], cfg: &SimConfig) -> anyhow::Res
     Ok(())
 }
 
-fn print_timelines(outputs: &[super::RunOutput], every_minutes: u32) {
+/// One line per run: ready/current replicas every `every_minutes` (P: a tier paused).
+fn print_timelines<'a>(
+    runs: impl Iterator<Item = (&'a str, &'a [super::dynamics::TimePoint])>,
+    every_minutes: u32,
+) {
     let every = f64::from(every_minutes.max(1)) * 60.0;
-    for o in outputs {
-        let mut next = 0.0;
-        let mut line = format!("{:<13}", o.result.policy);
-        for p in &o.timeline {
+    for (policy, timeline) in runs {
+        let (mut next, mut missed) = (0.0, timeline.first().map_or(0, |p| p.missed));
+        let mut line = format!("{policy:<13}");
+        for p in timeline {
             if p.t_s >= next {
                 let paused = p.paused.iter().filter(|&&x| x).count();
+                let late = p.missed - missed;
+                missed = p.missed;
                 line.push_str(&format!(
-                    " {}/{}{}",
+                    " {}/{}{}{}",
                     p.ready,
                     p.current,
-                    if paused > 0 { "P" } else { "" }
+                    if paused > 0 { "P" } else { "" },
+                    if late > 0 {
+                        format!("!{late}")
+                    } else {
+                        String::new()
+                    }
                 ));
                 next += every;
             }

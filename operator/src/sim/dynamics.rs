@@ -19,6 +19,8 @@ pub struct TimePoint {
     pub current: i32,
     pub ready: i32,
     pub paused: [bool; NTIERS],
+    /// Requests missed so far (late or refused for overload).
+    pub missed: u64,
 }
 
 /// A scale move in the opposite direction within this many seconds is a reversal.
@@ -82,6 +84,7 @@ mod tests {
                 current,
                 ready: current,
                 paused: [false; NTIERS],
+                missed: 0,
             })
             .collect()
     }

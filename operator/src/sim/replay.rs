@@ -12,6 +12,7 @@ use std::path::{Path, PathBuf};
 use serde::Serialize;
 
 use super::arrivals::{FileSource, Source};
+use super::dynamics::TimePoint;
 use super::manifests;
 use super::pod_model_file::{self, ItlLine};
 use super::policy::PolicyKind;
@@ -55,6 +56,9 @@ pub struct ReplayReport {
     pub results: Vec<RunResult>,
     /// GPU-hours ÷ GPUs per pod ÷ hours, per policy (start-up and draining included).
     pub mean_replicas: Vec<(String, f64)>,
+    /// Each run's replica timeline, in the results' order (`--timeline-minutes`).
+    #[serde(skip)]
+    pub timelines: Vec<Vec<TimePoint>>,
 }
 
 #[derive(Debug, Serialize)]
@@ -93,7 +97,8 @@ pub fn replay(a: &ReplayArgs<'_>) -> anyhow::Result<ReplayReport> {
     let outputs = run_all(&scn, &drivers, &cfg, a.threads)?;
     let hours = source.duration_s() as f64 / 3600.0;
     let gpus = f64::from(m.spec.engine.resources.gpus.max(1));
-    let results: Vec<RunResult> = outputs.into_iter().map(|o| o.result).collect();
+    let (results, timelines): (Vec<RunResult>, Vec<_>) =
+        outputs.into_iter().map(|o| (o.result, o.timeline)).unzip();
     let mean_replicas = results
         .iter()
         .map(|r| (r.policy.to_string(), r.gpu_hours / gpus / hours))
@@ -121,6 +126,7 @@ pub fn replay(a: &ReplayArgs<'_>) -> anyhow::Result<ReplayReport> {
         startup_seconds: a.startup_s,
         results,
         mean_replicas,
+        timelines,
     })
 }
 

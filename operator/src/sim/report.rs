@@ -116,6 +116,9 @@ pub struct Stats {
     pub classes: [[ClassStats; 2]; NTIERS],
     /// Queue-wait target of each tier slot, seconds.
     targets: [f64; NTIERS],
+    /// Requests so far that started past their target or were refused for overload (for the
+    /// timeline).
+    pub missed: u64,
 }
 
 impl Default for Stats {
@@ -129,6 +132,7 @@ impl Stats {
         Stats {
             classes: Default::default(),
             targets,
+            missed: 0,
         }
     }
 
@@ -141,12 +145,17 @@ impl Stats {
         c.started += 1;
         if wait_s <= self.targets[tier] {
             c.within += 1;
+        } else {
+            self.missed += 1;
         }
         c.waits.add(wait_s);
     }
 
     pub fn refused(&mut self, tier: usize, existing: bool, why: Refusal) {
         self.classes[tier][usize::from(existing)].refused[ri(why)] += 1;
+        if why == Refusal::Overload {
+            self.missed += 1;
+        }
     }
 
     fn sum(&self, f: impl Fn(usize, bool) -> bool) -> ClassStats {

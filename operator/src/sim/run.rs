@@ -702,6 +702,7 @@ fn control_tick(
             current: sim.pool.current(),
             ready: sim.pool.ready(),
             paused: sim.paused,
+            missed: sim.stats.missed,
         });
     }
 }
