@@ -889,7 +889,6 @@ struct Ahead {
 
 /// Runs `ticks` ticks of `sessions(now)` (from midnight UTC, on `start` ready replicas) with
 /// start-ups of `startup`, counting from tick `counted_from`.
-#[allow(clippy::too_many_arguments)]
 fn run_ahead(
     mode: ForecastMode,
     start: i32,

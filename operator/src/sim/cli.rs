@@ -269,7 +269,8 @@ fn run_builtin(args: &Args, kinds: &[TraceKind], cfg: &SimConfig) -> anyhow::Res
     Ok(())
 }
 
-/// One line per run: ready/current replicas every `every_minutes` (P: a tier paused).
+/// One line per run: ready/current replicas every `every_minutes` (P: a tier paused; !N: N
+/// requests missed since the point before).
 fn print_timelines<'a>(
     runs: impl Iterator<Item = (&'a str, &'a [super::dynamics::TimePoint])>,
     every_minutes: u32,
