@@ -40,7 +40,7 @@ WEED=$(scripts/seaweedfs.sh path) || { fail "SeaweedFS builds"; summary; exit 1;
 source "$REPO_ROOT/e2e/lib/seaweedfs.sh"
 start_weed "$WEED" 127.0.0.1 "$WORK/weed" PIDS
 wait_context() { tail -20 "$WORK/weed/weed.log"; }
-wait_for "SeaweedFS answers S3 requests with the access key" 90 s3 -X PUT "$S3/models" || { summary; exit 1; }
+wait_for "SeaweedFS answers S3 requests with the access key" 180 weed_up || { summary; exit 1; }
 
 "$BIN/tidegate-engine" gen-random-model --out "$WORK/tiny" >/dev/null
 uploaded=$(upload_dir "$WORK/tiny" "$S3/models/tiny")

@@ -18,7 +18,7 @@ s3_ready=0
 if [ -n "$weed_bin" ] && [ -n "$node_addr" ]; then
     start_weed "$weed_bin" "$node_addr" "$WORK/weed" S3_PIDS
     wait_context() { tail -20 "$WORK/weed/weed.log"; }
-    wait_for "SeaweedFS answers S3 requests on the node's address ($node_addr)" 90 s3 -X PUT "$S3/models" \
+    wait_for "SeaweedFS answers S3 requests on the node's address ($node_addr)" 180 weed_up \
         && s3_ready=1
 else
     fail "SeaweedFS and the node's address" "weed: ${weed_bin:-none} ($(cat "$WORK/weed-path.err")); node address: ${node_addr:-none}"

@@ -30,15 +30,58 @@ impl Drop for Weed {
     }
 }
 
-fn port() -> u16 {
-    TcpListener::bind("127.0.0.1:0")
+/// `n` distinct free ports below the kernel's ephemeral range. A port picked by binding to 0
+/// comes from that range, where weed's own connections between its parts (master, volume,
+/// filer, gateway) take their local ports: one of them could take a port before the part
+/// meant to listen on it binds it. `e2e/lib.sh`'s `listen_ports` picks the same way.
+fn ports(n: usize) -> Vec<u16> {
+    let low = std::fs::read_to_string("/proc/sys/net/ipv4/ip_local_port_range")
+        .ok()
+        .and_then(|s| s.split_whitespace().next()?.parse::<u16>().ok())
+        .unwrap_or(32768);
+    let high = if low > 21000 { low } else { 32768 };
+    // A seed from the clock and the pid: two test processes pick different ports.
+    let mut x = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
         .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
+        .subsec_nanos() as u64
+        ^ ((std::process::id() as u64) << 32);
+    let mut found = Vec::new();
+    for _ in 0..2000 {
+        x ^= x << 13;
+        x ^= x >> 7;
+        x ^= x << 17;
+        let port = 20000 + (x % u64::from(high - 20000)) as u16;
+        if !found.contains(&port) && TcpListener::bind(("127.0.0.1", port)).is_ok() {
+            found.push(port);
+            if found.len() == n {
+                return found;
+            }
+        }
+    }
+    panic!("no {n} free ports in 20000..{high}");
 }
 
+fn log_tail(log: &Path) -> String {
+    let text = std::fs::read_to_string(log).unwrap_or_default();
+    let lines: Vec<&str> = text.lines().collect();
+    lines[lines.len().saturating_sub(30)..].join("\n")
+}
+
+/// Starts `weed server` on fresh ports and waits until the gateway takes a signed request.
+/// A server that exits (a port taken after all) is started again on other ports, up to three
+/// times; one that neither exits nor answers in 180 s fails the test with its log.
 fn start_weed(bin: &Path) -> Weed {
+    for attempt in 1..=3 {
+        match try_start_weed(bin) {
+            Ok(w) => return w,
+            Err(why) => eprintln!("SeaweedFS, attempt {attempt}: {why}"),
+        }
+    }
+    panic!("SeaweedFS did not start in three attempts (the logs are above)");
+}
+
+fn try_start_weed(bin: &Path) -> Result<Weed, String> {
     let dir = tempfile::tempdir().unwrap();
     let ids = dir.path().join("s3.json");
     std::fs::write(
@@ -46,9 +89,11 @@ fn start_weed(bin: &Path) -> Weed {
         format!(r#"{{"identities":[{{"name":"t","credentials":[{{"accessKey":"{ACCESS}","secretKey":"{SECRET}"}}],"actions":["Admin","Read","List","Tagging","Write"]}}]}}"#),
     )
     .unwrap();
-    let p: Vec<u16> = (0..8).map(|_| port()).collect();
+    let p = ports(8);
     let data = dir.path().join("data");
     std::fs::create_dir_all(&data).unwrap();
+    let log = dir.path().join("weed.log");
+    let out = std::fs::File::create(&log).unwrap();
     let child = Command::new(bin)
         .args([
             "server",
@@ -70,19 +115,25 @@ fn start_weed(bin: &Path) -> Weed {
         // No fixed ports: the Iceberg and Lance catalogs are off.
         .args(["-s3.port.iceberg=0", "-s3.port.lance=0"])
         .args(["-master.volumeSizeLimitMB=64", "-volume.max=8"])
-        .stdout(Stdio::null())
-        .stderr(Stdio::null())
+        .stdout(out.try_clone().unwrap())
+        .stderr(out)
         .spawn()
         .unwrap();
     let endpoint = format!("http://127.0.0.1:{}", p[0]);
-    let w = Weed {
+    let mut w = Weed {
         child,
         endpoint,
         _dir: dir,
     };
     // The bucket, with a signed request once the gateway answers.
     let t0 = Instant::now();
-    while t0.elapsed() < Duration::from_secs(90) {
+    while t0.elapsed() < Duration::from_secs(180) {
+        if let Ok(Some(status)) = w.child.try_wait() {
+            return Err(format!(
+                "weed exited ({status}); its log:\n{}",
+                log_tail(&log)
+            ));
+        }
         let ok = Command::new("curl")
             .args([
                 "-sf",
@@ -95,14 +146,22 @@ fn start_weed(bin: &Path) -> Weed {
             .arg(format!("{ACCESS}:{SECRET}"))
             .arg(format!("{}/models", w.endpoint))
             .stdout(Stdio::null())
+            .stderr(Stdio::null())
             .status()
             .is_ok_and(|s| s.success());
         if ok {
-            return w;
+            eprintln!(
+                "SeaweedFS answered after {:.1} s",
+                t0.elapsed().as_secs_f64()
+            );
+            return Ok(w);
         }
         std::thread::sleep(Duration::from_millis(500));
     }
-    panic!("SeaweedFS did not answer within 90 s");
+    panic!(
+        "SeaweedFS did not answer within 180 s; its log:\n{}",
+        log_tail(&log)
+    );
 }
 
 fn opts(endpoint: &str, secret: &str) -> S3Options {
