@@ -8,6 +8,9 @@ pool has no tierPolicyRef); log-normal prompts (median 512 tokens) and outputs (
 Deterministic: the same seed writes the same file (Python's Mersenne Twister).
 
     python3 examples/traces/gen-llmd-ramp.py > examples/traces/llmd-ramp.csv
+    python3 examples/traces/gen-llmd-ramp.py --seed 3 > llmd-ramp-3.csv   # other traffic, same shape
+
+The checked-in file is seed 7; scripts/llmd-seeds.sh replays other seeds of the same shape.
 """
 import math
 import random
@@ -45,4 +48,13 @@ def main(seed=7):
 
 
 if __name__ == "__main__":
-    main()
+    args = sys.argv[1:]
+    if args[:1] in (["-h"], ["--help"]):
+        print(__doc__.strip())
+        sys.exit(0)
+    if len(args) == 2 and args[0] == "--seed" and args[1].isdigit():
+        main(int(args[1]))
+    elif not args:
+        main()
+    else:
+        sys.exit("usage: gen-llmd-ramp.py [--seed N]  (N a non-negative integer; default 7)")

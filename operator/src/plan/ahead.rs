@@ -11,7 +11,7 @@ use tidegate_api::{ForecastMode, InferencePoolSpec};
 
 use super::forecast::Standing;
 use super::replicas::TOLERANCE;
-use super::trend::Rise;
+use super::trend::{Fall, Rise};
 use super::{Basis, MeasuredPlan, Millis, PlanState};
 
 /// The horizon of the reported peak.
@@ -43,6 +43,9 @@ pub struct ForecastPlan {
     pub trend: Option<Rise>,
     /// Replicas that trend needs at the target.
     pub trend_replicas: Option<i32>,
+    /// The demand's fall over the last minutes, when the forecast is enabled: the
+    /// scale-down window shortens while it lasts.
+    pub falling: Option<Fall>,
     /// The persisted profile (see `Forecaster::history`).
     pub history: String,
 }
@@ -92,6 +95,7 @@ pub fn forecast(
         .flatten()
         .filter(|r| r.ahead > r.now * (1.0 + TOLERANCE));
     ForecastPlan {
+        falling: enabled.then(|| state.trend.falling(now)).flatten(),
         trend,
         trend_replicas: trend.map(|r| replicas(r.ahead)),
         standing,

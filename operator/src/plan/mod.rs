@@ -394,7 +394,20 @@ fn decide_replicas(
                 None => (raw, Basis::Demand, why),
             };
             state.recommendations.record(now, raw);
-            let stabilized = replicas::stabilize(spec, &state.recommendations, now, current, raw);
+            let falling = forecast.and_then(|f| f.falling);
+            let recs = &state.recommendations;
+            let stabilized = replicas::stabilize(spec, recs, now, current, raw, falling.is_some());
+            let shortened = replicas::scale_down_window_ms(spec, true)
+                < replicas::scale_down_window_ms(spec, false);
+            let why = match falling {
+                Some(f) if shortened && stabilized < current => format!(
+                    "{why}; scale-down window {} (not {}): the demand falls {:.0} steps/s a minute",
+                    tidegate_api::Duration::from_millis(replicas::scale_down_window_ms(spec, true)),
+                    spec.scaling.scale_down_stabilization,
+                    -f.per_minute,
+                ),
+                _ => why,
+            };
             (stabilized, basis, why)
         }
         (None, _) => {

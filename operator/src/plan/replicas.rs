@@ -20,7 +20,9 @@
 //! The stabilized value scales up to the lowest recommendation within the scale-up window
 //! (0s: at once) and down only to the highest recommendation within the scale-down window, a
 //! safety net rather than what keeps a steady load still; each move is limited by the max
-//! step.
+//! step. While the demand falls clearly (the trend, with the forecast enabled) the window is
+//! at most `FALLING_SCALE_DOWN_WINDOW`: the window waits out noise, and a fall that steady is
+//! not noise; holding the plateau's count for the whole window is what a descent wastes.
 
 use std::collections::VecDeque;
 
@@ -30,6 +32,10 @@ use super::{MeasuredPlan, Millis};
 
 /// Margin under the target occupancy that a scale-down must leave.
 pub const TOLERANCE: f64 = 0.1;
+
+/// The scale-down window while the demand falls clearly (at most; a shorter configured
+/// window stays).
+pub const FALLING_SCALE_DOWN_WINDOW_MS: u64 = 120_000;
 
 /// Recommendations kept for the stabilization windows.
 #[derive(Clone, Debug, Default, PartialEq)]
@@ -156,17 +162,30 @@ fn over_target(
     (wanted, why)
 }
 
-/// Applies the stabilization windows and step limits to a raw recommendation.
+/// The scale-down window in force: the pool's, or at most `FALLING_SCALE_DOWN_WINDOW_MS`
+/// while the demand falls clearly.
+pub fn scale_down_window_ms(spec: &InferencePoolSpec, falling: bool) -> u64 {
+    let configured = spec.scaling.scale_down_stabilization.as_std().as_millis() as u64;
+    if falling {
+        configured.min(FALLING_SCALE_DOWN_WINDOW_MS)
+    } else {
+        configured
+    }
+}
+
+/// Applies the stabilization windows and step limits to a raw recommendation; `falling`
+/// shortens the scale-down window (`scale_down_window_ms`).
 pub fn stabilize(
     spec: &InferencePoolSpec,
     recs: &Recommendations,
     now: Millis,
     current: i32,
     raw: i32,
+    falling: bool,
 ) -> i32 {
     let s = &spec.scaling;
     let up_ms = s.scale_up_stabilization.as_std().as_millis() as u64;
-    let down_ms = s.scale_down_stabilization.as_std().as_millis() as u64;
+    let down_ms = scale_down_window_ms(spec, falling);
     let target = if raw > current {
         // Scale up only as far as every recommendation in the window agrees.
         recs.within(now, up_ms).min().unwrap_or(raw).max(current)

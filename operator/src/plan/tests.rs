@@ -1039,6 +1039,43 @@ fn noise_on_a_steady_load_is_not_a_trend() {
     assert_eq!(auto.on_basis, 0, "noise ordered replicas as a trend");
 }
 
+/// Ten minutes at 1000 sessions, then a descent to 200 over 16 minutes: in Auto the clear
+/// fall shortens the scale-down window to 2 minutes and the pool follows the demand down
+/// sooner than in Off, which waits out its 5; neither ever holds fewer replicas than the
+/// demand needs at the target.
+#[test]
+fn a_clear_descent_is_followed_down_sooner_in_auto() {
+    let sessions = |i: u64| 1000.0 - 800.0 * ((i as f64 - 40.0) / 64.0).clamp(0.0, 1.0);
+    let run = |mode| {
+        let mut s = spec(1, 100);
+        s.scaling.forecast = mode;
+        let mut pool = Pool::new(s);
+        pool.replicas = 30;
+        let (mut replica_ticks, mut reason) = (0, None::<String>);
+        for i in 0..140 {
+            let p = pool.tick(sessions(i));
+            let needed = (sessions(i) / (0.7 * 50.0)).ceil() as i32;
+            assert!(p.replicas >= needed, "{mode:?} tick {i}: {}", p.explanation);
+            if i >= 40 {
+                replica_ticks += p.replicas;
+            }
+            if p.explanation.contains("scale-down window") {
+                reason.get_or_insert_with(|| p.explanation.clone());
+            }
+        }
+        (replica_ticks, reason)
+    };
+    let (auto, why) = run(ForecastMode::Auto);
+    let (off, none) = run(ForecastMode::Off);
+    assert!(
+        auto < off,
+        "replica-ticks in the descent: Auto {auto}, Off {off}"
+    );
+    let why = why.expect("Auto says why it scaled down early");
+    assert!(why.contains("scale-down window 2m (not 5m)"), "{why}");
+    assert_eq!(none, None, "Off keeps its window");
+}
+
 #[test]
 fn basis_names_are_distinct_and_fit_the_schema() {
     let names: Vec<&str> = Basis::ALL.iter().map(|b| b.name()).collect();

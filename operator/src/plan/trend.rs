@@ -12,6 +12,13 @@
 //! projection is the line's value one horizon ahead, at most `MAX_GAIN` × λ now. Anything
 //! else projects nothing, so a steady or falling load changes nothing.
 //!
+//! The same line read the other way: the demand is *falling* when the slope is negative by
+//! `MIN_T` standard errors and at least `MIN_FALL_PER_MINUTE` of the mean a minute, and the
+//! samples stay within `MAX_SCATTER` of their mean. A fall
+//! that clear is not the noise the scale-down window waits out, so the planner shortens that
+//! window while it lasts (`replicas::scale_down_window`); it never orders fewer replicas
+//! than the demand now needs.
+//!
 //! Invariants: pure (time comes in as `now`); bounded memory (`MAX_SAMPLES`); the projection
 //! is finite, non-negative and only ever *raises* what the reactive rule orders.
 
@@ -33,6 +40,10 @@ const MIN_T: f64 = 4.0;
 const MAX_SCATTER: f64 = 0.15;
 /// The projection is at most this multiple of the line's value now.
 const MAX_GAIN: f64 = 2.0;
+/// A fall must be at least this fraction of the demand a minute: 30% within a 5-minute
+/// scale-down window, three times the scale-down band. A tide's evening decline, or the
+/// fading of a burst, is slower and keeps the window.
+const MIN_FALL_PER_MINUTE: f64 = 0.06;
 /// Samples kept, at most (a tick every 5 s fills the window with 36).
 const MAX_SAMPLES: usize = 64;
 
@@ -50,6 +61,15 @@ pub struct Rise {
     /// Its value one horizon ahead (capped), steps/s.
     pub ahead: f64,
     /// Its slope, steps/s per minute.
+    pub per_minute: f64,
+}
+
+/// A falling line.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct Fall {
+    /// The line's value now, steps/s.
+    pub now: f64,
+    /// Its slope, steps/s per minute (negative).
     pub per_minute: f64,
 }
 
@@ -84,18 +104,7 @@ impl Trend {
     /// The line projected `horizon_ms` past `now` (at most `MAX_HORIZON_MS`), when the
     /// demand is rising.
     pub fn rising(&self, now: Millis, horizon_ms: u64) -> Option<Rise> {
-        let n = self.samples.len();
-        let first = self.samples.front()?.0;
-        if n < MIN_SAMPLES || now.saturating_sub(first) < MIN_SPAN_MS {
-            return None;
-        }
-        // Minutes before now, so the intercept is the line's value now.
-        let xs: Vec<(f64, f64)> = self
-            .samples
-            .iter()
-            .map(|&(t, y)| (-(now.saturating_sub(t) as f64) / 60_000.0, y))
-            .collect();
-        let line = fit(&xs)?;
+        let line = self.line(now)?;
         let significant = line.slope > 0.0 && line.slope > MIN_T * line.slope_error;
         if !significant || line.here <= 0.0 || line.scatter > MAX_SCATTER * line.here {
             return None;
@@ -109,6 +118,35 @@ impl Trend {
             per_minute: slope,
         })
     }
+
+    /// The line, when the demand is falling clearly enough not to be noise.
+    pub fn falling(&self, now: Millis) -> Option<Fall> {
+        let line = self.line(now)?;
+        let significant = line.slope < 0.0 && -line.slope > MIN_T * line.slope_error;
+        // The scatter is measured against the mean: at the end of a fall the line's value now
+        // nears zero, and a tight line there is still a fall.
+        let tight = line.mean > 0.0 && line.scatter <= MAX_SCATTER * line.mean;
+        let steep = -line.slope >= MIN_FALL_PER_MINUTE * line.mean;
+        (significant && tight && steep && line.slope.is_finite()).then_some(Fall {
+            now: line.here.max(0.0),
+            per_minute: line.slope,
+        })
+    }
+
+    /// The least-squares line through the window, once it holds enough samples.
+    fn line(&self, now: Millis) -> Option<Fit> {
+        let first = self.samples.front()?.0;
+        if self.samples.len() < MIN_SAMPLES || now.saturating_sub(first) < MIN_SPAN_MS {
+            return None;
+        }
+        // Minutes before now, so the intercept is the line's value now.
+        let xs: Vec<(f64, f64)> = self
+            .samples
+            .iter()
+            .map(|&(t, y)| (-(now.saturating_sub(t) as f64) / 60_000.0, y))
+            .collect();
+        fit(&xs)
+    }
 }
 
 /// A least-squares line through (minutes from now, λ).
@@ -119,6 +157,8 @@ struct Fit {
     slope_error: f64,
     /// The residuals' standard deviation.
     scatter: f64,
+    /// The samples' mean.
+    mean: f64,
 }
 
 fn fit(xs: &[(f64, f64)]) -> Option<Fit> {
@@ -145,6 +185,7 @@ fn fit(xs: &[(f64, f64)]) -> Option<Fit> {
         slope,
         slope_error: scatter / sxx.sqrt(),
         scatter,
+        mean: my,
     })
 }
 
@@ -196,6 +237,33 @@ mod tests {
         let (steep, now) = fed(|i| 10.0 + 50.0 * i as f64, 20);
         let s = steep.rising(now, 180_000).expect("rising");
         assert!(s.ahead <= MAX_GAIN * s.now + 1e-9, "{s:?}");
+    }
+
+    #[test]
+    fn a_steady_noisy_load_does_not_fall() {
+        for ticks in 6..240 {
+            let (t, now) = fed(|i| 500.0 * (1.0 + 0.1 * noise(i)), ticks);
+            assert_eq!(t.falling(now), None, "after {ticks} ticks");
+        }
+    }
+
+    #[test]
+    fn a_descent_falls_at_its_slope_and_a_climb_does_not() {
+        // 1000 steps/s, -80 a minute (20 a tick), ±3% noise.
+        let (t, now) = fed(|i| (1000.0 - 20.0 * i as f64) * (1.0 + 0.03 * noise(i)), 20);
+        let f = t.falling(now).expect("falling");
+        assert!((f.per_minute + 80.0).abs() < 16.0, "{f:?}");
+        assert!((f.now - 620.0).abs() < 0.05 * 620.0, "{f:?}");
+        // Down to nearly nothing: still a fall, though the line's value now is small.
+        let (t, now) = fed(|i| 300.0 - 25.0 * i as f64, 12);
+        assert!(t.falling(now).is_some());
+        let (t, now) = fed(|i| 300.0 + 25.0 * i as f64, 20);
+        assert_eq!(t.falling(now), None);
+        // A slow decline (2% of the level a minute), however clean, keeps the window.
+        let (t, now) = fed(|i| 1000.0 - 5.0 * i as f64, 20);
+        assert_eq!(t.falling(now), None, "slow decline");
+        let (t, now) = fed(|i| 1000.0 - 20.0 * i as f64, 5);
+        assert_eq!(t.falling(now), None, "five samples");
     }
 
     #[test]
