@@ -8,10 +8,10 @@
 #
 # Needs python3 and the operator binary (TIDEGATE_OPERATOR, else target/release, else it is built).
 set -euo pipefail
-cd "$(dirname "$0")/.."
+root=$(cd "$(dirname "$0")/.." && pwd)
 
 usage() { sed -n '2,9p' "$0" | sed 's/^# \{0,1\}//'; }
-pool=examples/traces/llmd-pool.yaml
+pool=$root/examples/traces/llmd-pool.yaml
 seeds=()
 while [ $# -gt 0 ]; do
   case "$1" in
@@ -23,6 +23,12 @@ while [ $# -gt 0 ]; do
 done
 [ ${#seeds[@]} -gt 0 ] || seeds=(7 1 2 3 4 5)
 [ -f "$pool" ] || { echo "llmd-seeds: no pool file $pool" >&2; exit 2; }
+# -f and TIDEGATE_OPERATOR are read from the caller's directory; the rest from the repository.
+pool=$(cd "$(dirname "$pool")" && pwd)/$(basename "$pool")
+if [ -n "${TIDEGATE_OPERATOR:-}" ] && [ -x "$TIDEGATE_OPERATOR" ]; then
+  TIDEGATE_OPERATOR=$(cd "$(dirname "$TIDEGATE_OPERATOR")" && pwd)/$(basename "$TIDEGATE_OPERATOR")
+fi
+cd "$root"
 
 bin=${TIDEGATE_OPERATOR:-target/release/tidegate-operator}
 if [ ! -x "$bin" ]; then

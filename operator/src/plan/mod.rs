@@ -395,14 +395,14 @@ fn decide_replicas(
             };
             state.recommendations.record(now, raw);
             let falling = forecast.and_then(|f| f.falling);
+            let down_ms = replicas::scale_down_window_ms(spec, falling.is_some());
             let recs = &state.recommendations;
-            let stabilized = replicas::stabilize(spec, recs, now, current, raw, falling.is_some());
-            let shortened = replicas::scale_down_window_ms(spec, true)
-                < replicas::scale_down_window_ms(spec, false);
+            let stabilized = replicas::stabilize(spec, recs, now, current, raw, down_ms);
+            let shortened = down_ms < replicas::scale_down_window_ms(spec, false);
             let why = match falling {
                 Some(f) if shortened && stabilized < current => format!(
                     "{why}; scale-down window {} (not {}): the demand falls {:.0} steps/s a minute",
-                    tidegate_api::Duration::from_millis(replicas::scale_down_window_ms(spec, true)),
+                    tidegate_api::Duration::from_millis(down_ms),
                     spec.scaling.scale_down_stabilization,
                     -f.per_minute,
                 ),

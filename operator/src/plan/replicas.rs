@@ -21,7 +21,7 @@
 //! (0s: at once) and down only to the highest recommendation within the scale-down window, a
 //! safety net rather than what keeps a steady load still; each move is limited by the max
 //! step. While the demand falls clearly (the trend, with the forecast enabled) the window is
-//! at most `FALLING_SCALE_DOWN_WINDOW`: the window waits out noise, and a fall that steady is
+//! at most `FALLING_SCALE_DOWN_WINDOW_MS`: the window waits out noise, and a fall that steady is
 //! not noise; holding the plateau's count for the whole window is what a descent wastes.
 
 use std::collections::VecDeque;
@@ -173,19 +173,18 @@ pub fn scale_down_window_ms(spec: &InferencePoolSpec, falling: bool) -> u64 {
     }
 }
 
-/// Applies the stabilization windows and step limits to a raw recommendation; `falling`
-/// shortens the scale-down window (`scale_down_window_ms`).
+/// Applies the stabilization windows and step limits to a raw recommendation, with the
+/// scale-down window in force (`scale_down_window_ms`).
 pub fn stabilize(
     spec: &InferencePoolSpec,
     recs: &Recommendations,
     now: Millis,
     current: i32,
     raw: i32,
-    falling: bool,
+    down_ms: u64,
 ) -> i32 {
     let s = &spec.scaling;
     let up_ms = s.scale_up_stabilization.as_std().as_millis() as u64;
-    let down_ms = scale_down_window_ms(spec, falling);
     let target = if raw > current {
         // Scale up only as far as every recommendation in the window agrees.
         recs.within(now, up_ms).min().unwrap_or(raw).max(current)

@@ -14,10 +14,10 @@
 //!
 //! The same line read the other way: the demand is *falling* when the slope is negative by
 //! `MIN_T` standard errors and at least `MIN_FALL_PER_MINUTE` of the mean a minute, and the
-//! samples stay within `MAX_SCATTER` of their mean. A fall
-//! that clear is not the noise the scale-down window waits out, so the planner shortens that
-//! window while it lasts (`replicas::scale_down_window`); it never orders fewer replicas
-//! than the demand now needs.
+//! samples stay within `MAX_SCATTER` of their mean. A fall that clear is not the noise the
+//! scale-down window waits out, so the planner shortens that window while it lasts
+//! (`replicas::scale_down_window_ms`); it never orders fewer replicas than the demand now
+//! needs.
 //!
 //! Invariants: pure (time comes in as `now`); bounded memory (`MAX_SAMPLES`); the projection
 //! is finite, non-negative and only ever *raises* what the reactive rule orders.
