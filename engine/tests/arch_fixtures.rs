@@ -28,7 +28,8 @@ use serde::Deserialize;
 use tidegate_runner::candle::CandleRunner;
 use tidegate_runner::model::{ChatMessage, DenseDecoder, ModelFiles};
 use tidegate_runner::{
-    DeviceChoice, ModelRunner, PackedModel, PackedRunner, RunnerConfig, SeqChunk, WeightChoice,
+    DeviceChoice, KvDtype, ModelRunner, PackedModel, PackedRunner, RunnerConfig, SeqChunk,
+    WeightChoice,
 };
 
 /// Runners and the dense reference against transformers (f32 math on the same bf16 weights):
@@ -36,6 +37,9 @@ use tidegate_runner::{
 const TOL: f32 = 5e-4;
 /// Paged runners against the dense reference (same arithmetic up to reassociation).
 const DENSE_TOL: f32 = 1e-4;
+/// The packed runner with its default f16 KV pool against transformers: each K and V value
+/// rounded to 2⁻¹¹ relative (measured: 1.5e-3 llama3 to 6.0e-3 qwen3; about 3x the worst).
+const F16_TOL: f32 = 2e-2;
 
 const MODELS: [&str; 6] = [
     "llama3",
@@ -100,19 +104,46 @@ fn max_diff(a: &[f32], b: &[f32]) -> f32 {
 
 #[derive(Clone, Copy, Debug)]
 enum Runner {
+    /// The packed runner with an f32 KV pool (the reference comparisons' precision).
     Packed,
+    /// The packed runner as served by default: an f16 KV pool.
+    PackedF16,
     Candle,
 }
 
-fn runner(files: &ModelFiles, kind: Runner, blocks: usize) -> Box<dyn ModelRunner> {
-    let rc = RunnerConfig {
-        block_size: 4,
-        num_blocks: blocks,
-    };
-    match kind {
-        Runner::Packed => Box::new(PackedRunner::new(files, rc).unwrap()),
-        Runner::Candle => Box::new(CandleRunner::new(files, rc, DeviceChoice::Cpu).unwrap()),
+impl Runner {
+    /// How far its logits may be from transformers'.
+    fn tol(self) -> f32 {
+        match self {
+            Runner::PackedF16 => F16_TOL,
+            Runner::Packed | Runner::Candle => TOL,
+        }
     }
+
+    fn build(
+        self,
+        files: &ModelFiles,
+        block_size: usize,
+        num_blocks: usize,
+    ) -> Box<dyn ModelRunner> {
+        let kv_dtype = match self {
+            Runner::PackedF16 => KvDtype::F16,
+            Runner::Packed | Runner::Candle => KvDtype::F32,
+        };
+        let rc = RunnerConfig {
+            block_size,
+            num_blocks,
+            kv_dtype,
+        };
+        match self {
+            Runner::Packed | Runner::PackedF16 => Box::new(PackedRunner::new(files, rc).unwrap()),
+            Runner::Candle => Box::new(CandleRunner::new(files, rc, DeviceChoice::Cpu).unwrap()),
+        }
+    }
+}
+
+fn runner(files: &ModelFiles, kind: Runner, blocks: usize) -> Box<dyn ModelRunner> {
+    kind.build(files, 4, blocks)
 }
 
 /// Block tables that interleave the sequences' blocks, so no sequence's blocks are adjacent.
@@ -194,13 +225,19 @@ fn check_runner(kind: Runner) {
             "{name} ({}) {kind:?} safetensors: max |Δ logit| {worst:.2e}",
             e.architecture
         );
-        assert!(worst <= TOL, "{name} {kind:?}: {worst} > {TOL}");
+        let tol = kind.tol();
+        assert!(worst <= tol, "{name} {kind:?}: {worst} > {tol}");
     }
 }
 
 #[test]
 fn packed_runner_matches_transformers_on_every_architecture() {
     check_runner(Runner::Packed);
+}
+
+#[test]
+fn packed_runner_with_its_default_f16_kv_tracks_transformers_on_every_architecture() {
+    check_runner(Runner::PackedF16);
 }
 
 /// The bytes per token the plan reports before packing (for `/v1/models` and the roofline)
@@ -231,10 +268,11 @@ fn gguf_files_from_llama_cpp_s_converter_match_transformers() {
         }
         seen += 1;
         let files = ModelFiles::load_gguf(&dir(name).join("model.gguf")).unwrap();
-        for kind in [Runner::Packed, Runner::Candle] {
+        for kind in [Runner::Packed, Runner::PackedF16, Runner::Candle] {
             let worst = worst_against_transformers(&files, kind, &e, e.gguf_positions);
             println!("{name} {kind:?} gguf: max |Δ logit| {worst:.2e}");
-            assert!(worst <= TOL, "{name} {kind:?} gguf: {worst} > {TOL}");
+            let tol = kind.tol();
+            assert!(worst <= tol, "{name} {kind:?} gguf: {worst} > {tol}");
         }
     }
     assert_eq!(seen, 5, "llama, qwen2, qwen3, mistral (as llama), gemma3");
@@ -264,16 +302,7 @@ fn dense_reference_matches_transformers_and_paged_equals_dense() {
         let want = dense.forward(&tokens).unwrap().to_vec2::<f32>().unwrap();
         for kind in [Runner::Packed, Runner::Candle] {
             for block_size in [1, 3, 16] {
-                let rc = RunnerConfig {
-                    block_size,
-                    num_blocks: 40,
-                };
-                let mut r: Box<dyn ModelRunner> = match kind {
-                    Runner::Packed => Box::new(PackedRunner::new(&files, rc).unwrap()),
-                    Runner::Candle => {
-                        Box::new(CandleRunner::new(&files, rc, DeviceChoice::Cpu).unwrap())
-                    }
-                };
+                let mut r = kind.build(&files, block_size, 40);
                 let table: Vec<u32> = (0..tokens.len().div_ceil(block_size) as u32)
                     .rev()
                     .collect();

@@ -68,6 +68,7 @@ fn batched_equals_sequential(weights: WeightChoice) {
     let rc = RunnerConfig {
         block_size: 4,
         num_blocks: 64,
+        kv_dtype: tidegate_runner::KvDtype::F16,
     };
     let steps = 6;
     let ps = prompts();
@@ -118,9 +119,11 @@ fn paged_attention_equals_dense_attention() {
     let tokens: Vec<u32> = (0..23).map(|i| (i * 37 + 11) % 480).collect();
     let want = dense.forward(&tokens).unwrap().to_vec2::<f32>().unwrap();
     for block_size in [1, 3, 16] {
+        // f32 KV: the dense reference's precision (paging, not rounding, is what is tested).
         let rc = RunnerConfig {
             block_size,
             num_blocks: 40,
+            kv_dtype: tidegate_runner::KvDtype::F32,
         };
         let mut runner = PackedRunner::new(&files, rc).unwrap();
         // Blocks in reverse order, so logical and physical order differ.
@@ -155,6 +158,7 @@ fn paged_attention_is_layout_independent_with_quantized_weights() {
             let rc = RunnerConfig {
                 block_size,
                 num_blocks: 40,
+                kv_dtype: tidegate_runner::KvDtype::F16,
             };
             let mut runner = PackedRunner::with_weights(&files, rc, weights).unwrap();
             let mut table: Vec<u32> = (0..tokens.len().div_ceil(block_size) as u32).collect();
@@ -195,6 +199,7 @@ fn chunked_prefill_equals_one_shot_prefill() {
     let rc = RunnerConfig {
         block_size: 4,
         num_blocks: 16,
+        kv_dtype: tidegate_runner::KvDtype::F16,
     };
     let prompt = &prompts()[3];
     let table: Vec<u32> = vec![9, 3, 12, 0, 5, 7];
@@ -250,6 +255,7 @@ fn mixed_prefill_and_decode_in_one_step() {
     let rc = RunnerConfig {
         block_size: 4,
         num_blocks: 32,
+        kv_dtype: tidegate_runner::KvDtype::F16,
     };
     let ps = prompts();
     let ta: Vec<u32> = (0..6).collect();
@@ -294,6 +300,7 @@ fn bad_batches_are_refused() {
     let rc = RunnerConfig {
         block_size: 4,
         num_blocks: 4,
+        kv_dtype: tidegate_runner::KvDtype::F16,
     };
     let mut runner = PackedRunner::new(&files, rc).unwrap();
     let short = [0u32];
@@ -330,6 +337,7 @@ fn offloaded_blocks_restore_exactly() {
     let rc = RunnerConfig {
         block_size: 4,
         num_blocks: 8,
+        kv_dtype: tidegate_runner::KvDtype::F16,
     };
     let prompt = &prompts()[1];
     let table: Vec<u32> = vec![6, 1, 3, 0];
@@ -398,6 +406,7 @@ fn shared_prefix_blocks_are_reused_and_copy_on_write_works() {
     let rc = RunnerConfig {
         block_size: 4,
         num_blocks: 16,
+        kv_dtype: tidegate_runner::KvDtype::F16,
     };
     // Two prompts sharing their first 8 tokens (two full blocks).
     let shared: Vec<u32> = vec![1, 40, 41, 300, 12, 77, 78, 79];

@@ -44,6 +44,7 @@ fn runner(files: &ModelFiles, block_size: usize, num_blocks: usize) -> CandleRun
     let rc = RunnerConfig {
         block_size,
         num_blocks,
+        kv_dtype: tidegate_runner::KvDtype::F16,
     };
     CandleRunner::new(files, rc, DeviceChoice::Cpu).unwrap()
 }
@@ -112,6 +113,7 @@ fn bf16_weights_stay_within_the_stated_tolerance_of_golden_logits() {
     let rc = RunnerConfig {
         block_size: 4,
         num_blocks: 8,
+        kv_dtype: tidegate_runner::KvDtype::F16,
     };
     let table: Vec<u32> = vec![5, 2, 7, 0, 1, 3, 4, 6];
     let mut worst = 0f32;

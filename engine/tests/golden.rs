@@ -52,6 +52,8 @@ fn runner_decode_and_prefill_match_golden_logits() {
         let rc = RunnerConfig {
             block_size: 4,
             num_blocks: 8,
+            // f32 KV: the golden logits are f32 math (the f16 pool: arch_fixtures.rs).
+            kv_dtype: tidegate_runner::KvDtype::F32,
         };
         // Token by token: every position's logits.
         let mut runner = PackedRunner::new(&files, rc).unwrap();

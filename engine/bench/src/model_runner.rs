@@ -14,7 +14,7 @@ use tidegate_kv::block_io::BlockIo;
 use tidegate_runner::error::{Error, Result};
 use tidegate_runner::model::ModelFiles;
 use tidegate_runner::sampling::argmax;
-use tidegate_runner::{PackedRunner, RunnerConfig, SeqChunk};
+use tidegate_runner::{KvDtype, PackedRunner, RunnerConfig, SeqChunk};
 
 /// Command-line options.
 #[derive(Debug, Clone, clap::Args)]
@@ -41,6 +41,9 @@ pub struct BenchArgs {
     /// denominator for scripts/bench-vs-llamacpp.sh.
     #[arg(long)]
     pub bandwidth_only: bool,
+    /// The KV pool's element type (as `serve --kv-cache-dtype`).
+    #[arg(long, default_value_t = KvDtype::F16)]
+    pub kv_cache_dtype: KvDtype,
 }
 
 /// Measured memory bandwidth, bytes per second.
@@ -296,15 +299,17 @@ pub fn run(args: &BenchArgs) -> Result<()> {
         RunnerConfig {
             block_size,
             num_blocks: (per_seq * total_seqs).max(history_blocks).max(1),
+            kv_dtype: args.kv_cache_dtype,
         },
     )?;
     drop(files);
     let bytes = runner.bytes_read_per_token();
     let roof = roofline_tokens_per_s(bw.read, bytes);
     println!(
-        "model {} loaded in {:.1}s; {:.1} MB of weights read per decode step; batch-1 roofline {:.1} tok/s",
+        "model {} loaded in {:.1}s; KV {}; {:.1} MB of weights read per decode step; batch-1 roofline {:.1} tok/s",
         args.model.display(),
         t.elapsed().as_secs_f64(),
+        args.kv_cache_dtype,
         bytes as f64 / 1e6,
         roof
     );

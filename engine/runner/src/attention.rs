@@ -10,7 +10,9 @@
 
 use std::cell::RefCell;
 
-use super::kv_store::KvStore;
+use half::f16;
+
+use super::kv_store::{KvElem, KvLayer, KvStore};
 use crate::kernels::ops::softmax;
 use crate::kernels::team;
 
@@ -79,7 +81,7 @@ impl Path {
         let blocks = head_dim.is_multiple_of(16) && block_size == 16;
         if has_avx512() && blocks {
             Path::Avx512
-        } else if has_avx2_fma() && blocks {
+        } else if has_avx2_fma() && has_f16c() && blocks {
             Path::Avx2
         } else if has_avx2_fma() {
             Path::Avx2Loops
@@ -98,25 +100,53 @@ fn paged_attention_on(
     s: AttnShape,
     out: &mut [f32],
 ) {
+    let at = Batch { q, rows, kv, s };
+    match kv.layer(layer) {
+        KvLayer::F16(k, v) => attend_all::<f16>(path, &at, (k, v), out),
+        KvLayer::F32(k, v) => attend_all::<f32>(path, &at, (k, v), out),
+    }
+}
+
+/// One [`paged_attention`] call's inputs.
+struct Batch<'a> {
+    q: &'a [f32],
+    rows: &'a [RowPos<'a>],
+    kv: &'a KvStore,
+    s: AttnShape,
+}
+
+#[cfg(target_arch = "x86_64")]
+trait Elem: blocks::Lanes {}
+#[cfg(target_arch = "x86_64")]
+impl<E: blocks::Lanes> Elem for E {}
+#[cfg(not(target_arch = "x86_64"))]
+trait Elem: KvElem {}
+#[cfg(not(target_arch = "x86_64"))]
+impl<E: KvElem> Elem for E {}
+
+fn attend_all<E: Elem>(path: Path, at: &Batch<'_>, (k, v): (&[E], &[E]), out: &mut [f32]) {
+    let s = at.s;
     let group = s.heads / s.kv_heads;
     // One task per (row, kv head): the `group` query heads sharing a kv head are adjacent in
     // `out`, so each K/V row is loaded once for all of them.
     thread_local! {
-        /// One thread's attention scores, kept across calls (a context's worth of floats).
-        static SCORES: RefCell<Vec<f32>> = const { RefCell::new(Vec::new()) };
+        /// One thread's attention scores, kept across calls (a context's worth of floats),
+        /// and the portable loops' block of K or V widened to f32.
+        static SCORES: RefCell<(Vec<f32>, Vec<f32>)> = const { RefCell::new((Vec::new(), Vec::new())) };
     }
     let tasks: Vec<_> = out.chunks_mut(group * s.head_dim).enumerate().collect();
     team::for_each_item(tasks, |(idx, o)| {
-        SCORES.with_borrow_mut(|scores| {
+        SCORES.with_borrow_mut(|(scores, wide)| {
             let (t, kvh) = (idx / s.kv_heads, idx % s.kv_heads);
             let q0 = t * s.q_stride + kvh * group * s.head_dim;
             let job = GroupJob {
-                q: &q[q0..q0 + group * s.head_dim],
+                q: &at.q[q0..q0 + group * s.head_dim],
                 group,
                 hd: s.head_dim,
-                row: rows[t],
-                kv,
-                layer,
+                row: at.rows[t],
+                kv: at.kv,
+                k,
+                v,
                 kv_head: kvh,
                 scale: s.scale,
                 window: s.window,
@@ -127,8 +157,8 @@ fn paged_attention_on(
                 #[cfg(target_arch = "x86_64")]
                 Path::Avx2 => avx2::attend(&job, scores, o),
                 #[cfg(target_arch = "x86_64")]
-                Path::Avx2Loops => avx2_loops::attend(&job, scores, o),
-                _ => attend(&job, scores, o, block_scores_portable, axpy_portable),
+                Path::Avx2Loops => avx2_loops::attend(&job, scores, wide, o),
+                _ => attend(&job, scores, wide, o, block_scores_portable, axpy_portable),
             }
         })
     });
@@ -138,6 +168,17 @@ fn has_avx2_fma() -> bool {
     #[cfg(target_arch = "x86_64")]
     {
         std::arch::is_x86_feature_detected!("avx2") && std::arch::is_x86_feature_detected!("fma")
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    {
+        false
+    }
+}
+
+fn has_f16c() -> bool {
+    #[cfg(target_arch = "x86_64")]
+    {
+        std::arch::is_x86_feature_detected!("f16c")
     }
     #[cfg(not(target_arch = "x86_64"))]
     {
@@ -156,14 +197,16 @@ fn has_avx512() -> bool {
     }
 }
 
-/// The query heads of one row that share one kv head.
-struct GroupJob<'a> {
+/// The query heads of one row that share one kv head, over a layer's K and V of type `E`.
+struct GroupJob<'a, E> {
     q: &'a [f32],
     group: usize,
     hd: usize,
     row: RowPos<'a>,
+    /// The pool's geometry (offsets, block size).
     kv: &'a KvStore,
-    layer: usize,
+    k: &'a [E],
+    v: &'a [E],
     kv_head: usize,
     scale: f32,
     window: Option<usize>,
@@ -191,15 +234,16 @@ fn axpy_portable(y: &mut [f32], a: f32, x: &[f32]) {
 /// Scores over the row's positions for every head of the group (`scores[g * len + j]`),
 /// softmax per head, weighted sum of V.
 #[inline(always)]
-fn attend(
-    job: &GroupJob<'_>,
+fn attend<E: KvElem>(
+    job: &GroupJob<'_, E>,
     scores: &mut Vec<f32>,
+    wide: &mut Vec<f32>,
     o: &mut [f32],
     block_scores: impl Fn(&[f32], &[f32], &mut [f32]),
     axpy: impl Fn(&mut [f32], f32, &[f32]),
 ) {
     let hd = job.hd;
-    let (kbuf, vbuf) = job.kv.layer(job.layer);
+    let (kbuf, vbuf) = (job.k, job.v);
     let bs = job.kv.block_size();
     let len = job.row.pos + 1;
     // The first position seen, and the block it is in: blocks wholly before the window are
@@ -215,7 +259,7 @@ fn attend(
     scores.resize(job.group * padded, 0.0);
     for (bi, &block) in blocks.iter().enumerate() {
         let base = job.kv.head_offset(block, job.kv_head);
-        let kt = &kbuf[base..base + hd * bs];
+        let kt = E::widen(&kbuf[base..base + hd * bs], wide);
         for g in 0..job.group {
             let out = &mut scores[g * padded + bi * bs..g * padded + (bi + 1) * bs];
             block_scores(&job.q[g * hd..(g + 1) * hd], kt, out);
@@ -236,8 +280,9 @@ fn attend(
     for (bi, &block) in blocks.iter().enumerate() {
         let base = job.kv.head_offset(block, job.kv_head);
         let from = if bi == 0 { lo } else { 0 };
+        let rows = E::widen(&vbuf[base..base + bs * hd], wide);
         for slot in from..bs.min(len - (first + bi) * bs) {
-            let v = &vbuf[base + slot * hd..base + (slot + 1) * hd];
+            let v = &rows[slot * hd..(slot + 1) * hd];
             for g in 0..job.group {
                 axpy(&mut o[g * hd..(g + 1) * hd], scores[g * n + j], v);
             }
@@ -252,22 +297,34 @@ fn attend(
 #[allow(unsafe_code)]
 mod avx2_loops {
     use super::{GroupJob, attend as attend_generic, axpy_portable, block_scores_portable};
+    use crate::kv_store::KvElem;
 
     #[target_feature(enable = "avx2,fma")]
-    fn attend_avx2(job: &GroupJob<'_>, scores: &mut Vec<f32>, o: &mut [f32]) {
-        attend_generic(job, scores, o, block_scores_portable, axpy_portable);
+    fn attend_avx2<E: KvElem>(
+        job: &GroupJob<'_, E>,
+        scores: &mut Vec<f32>,
+        wide: &mut Vec<f32>,
+        o: &mut [f32],
+    ) {
+        attend_generic(job, scores, wide, o, block_scores_portable, axpy_portable);
     }
 
     /// Entered only after run-time detection of avx2 and fma.
-    pub(super) fn attend(job: &GroupJob<'_>, scores: &mut Vec<f32>, o: &mut [f32]) {
+    pub(super) fn attend<E: KvElem>(
+        job: &GroupJob<'_, E>,
+        scores: &mut Vec<f32>,
+        wide: &mut Vec<f32>,
+        o: &mut [f32],
+    ) {
         // SAFETY: the caller checked avx2 and fma (`has_avx2_fma`); the body is safe code.
-        unsafe { attend_avx2(job, scores, o) }
+        unsafe { attend_avx2(job, scores, wide, o) }
     }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::kv_store::KvDtype;
 
     /// Deterministic values in [-1, 1).
     struct Lcg(u64);
@@ -291,10 +348,11 @@ mod tests {
         (heads, kv_heads, hd): (usize, usize, usize),
         q_scale: f32,
         window: Option<usize>,
+        dtype: KvDtype,
     ) -> Vec<(Path, Vec<f32>)> {
         let (bs, blocks) = (16, 12);
         let mut rng = Lcg(7);
-        let mut kv = KvStore::new(1, kv_heads, hd, bs, blocks);
+        let mut kv = KvStore::new(1, kv_heads, hd, bs, blocks, dtype);
         let table: Vec<u32> = vec![5, 2, 9, 0, 11, 3, 7, 1];
         let positions = [0usize, 5, 15, 16, 17, 40, 100, 127];
         let last = *positions.iter().max().unwrap_or(&0);
@@ -322,6 +380,8 @@ mod tests {
         let mut paths = vec![Path::Portable];
         if has_avx2_fma() {
             paths.push(Path::Avx2Loops);
+        }
+        if has_avx2_fma() && has_f16c() {
             paths.push(Path::Avx2);
         }
         if Path::detect(hd, bs) == Path::Avx512 {
@@ -337,30 +397,64 @@ mod tests {
             .collect()
     }
 
-    /// Every path computes the same sums in another order (and the AVX-512 one its own
-    /// `exp`): they agree to float rounding (measured: under 1e-6 relative; bound 1e-5), with
-    /// soft and with peaked attention, globally and in a window that starts inside a block,
-    /// on shapes that reach every register tiling of the AVX-512 path: SmolLM2's 9 heads over
-    /// 3 of 64, one head per kv head of 16, 5 per kv head of 32 (a chunk of 4 and one of 1),
-    /// 8 per kv head of 128 (two chunks of 4, two passes over V), 2 per kv head of 32.
+    /// SmolLM2's 9 heads over 3 of 64, one head per kv head of 16, 5 per kv head of 32 (a
+    /// chunk of 4 and one of 1), 8 per kv head of 128 (two chunks of 4, two passes over V),
+    /// 2 per kv head of 32: every register tiling of the AVX-512 path.
+    const SHAPES: [(usize, usize, usize); 5] = [
+        (9, 3, 64),
+        (4, 4, 16),
+        (10, 2, 32),
+        (16, 2, 128),
+        (6, 3, 32),
+    ];
+    /// Soft and peaked attention, globally and in a window that starts inside a block.
+    const QUERIES: [(f32, Option<usize>); 3] = [(0.5, None), (8.0, None), (0.5, Some(21))];
+
+    fn relative(got: &[f32], want: &[f32]) -> f32 {
+        let diff: f32 = got.iter().zip(want).map(|(a, b)| (a - b) * (a - b)).sum();
+        let norm: f32 = want.iter().map(|b| b * b).sum();
+        (diff / norm).sqrt()
+    }
+
+    /// Every path computes the same sums in another order (and the SIMD ones their own
+    /// `exp`) over the same stored values: they agree to float rounding (measured: under
+    /// 1e-6 relative; bound 1e-5) on every shape and query, for both pool types.
     #[test]
     fn every_available_path_agrees_with_the_portable_one() {
-        for shape in [
-            (9, 3, 64),
-            (4, 4, 16),
-            (10, 2, 32),
-            (16, 2, 128),
-            (6, 3, 32),
-        ] {
-            for (q_scale, window) in [(0.5, None), (8.0, None), (0.5, Some(21))] {
-                let outs = outputs(shape, q_scale, window);
-                let (_, want) = &outs[0];
-                for (path, got) in &outs[1..] {
-                    let diff: f32 = got.iter().zip(want).map(|(a, b)| (a - b) * (a - b)).sum();
-                    let norm: f32 = want.iter().map(|b| b * b).sum();
-                    let rel = (diff / norm).sqrt();
-                    println!("{path:?} vs portable, {shape:?}, q {q_scale}, {window:?}: {rel:e}");
-                    assert!(rel < 1e-5, "{path:?} {shape:?}: relative difference {rel}");
+        for dtype in [KvDtype::F16, KvDtype::F32] {
+            for shape in SHAPES {
+                for (q_scale, window) in QUERIES {
+                    let outs = outputs(shape, q_scale, window, dtype);
+                    let (_, want) = &outs[0];
+                    for (path, got) in &outs[1..] {
+                        let rel = relative(got, want);
+                        println!(
+                            "{path:?} vs portable, {dtype}, {shape:?}, q {q_scale}, {window:?}: {rel:e}"
+                        );
+                        assert!(
+                            rel < 1e-5,
+                            "{path:?} {dtype} {shape:?}: relative difference {rel}"
+                        );
+                    }
+                }
+            }
+        }
+    }
+
+    /// An f16 pool's output is the f32 pool's within the rounding of its inputs: each K and
+    /// V value is within 2⁻¹¹ relative, which moves the scores by up to `|q|·|k|·2⁻¹¹` and
+    /// the output by about as much again (measured: at most 4e-4 relative, peaked attention
+    /// the largest; bound 2e-3).
+    #[test]
+    fn an_f16_pool_tracks_the_f32_one_within_its_rounding() {
+        for shape in SHAPES {
+            for (q_scale, window) in QUERIES {
+                let half = outputs(shape, q_scale, window, KvDtype::F16);
+                let full = outputs(shape, q_scale, window, KvDtype::F32);
+                for ((path, got), (_, want)) in half.iter().zip(&full) {
+                    let rel = relative(got, want);
+                    println!("{path:?} f16 vs f32, {shape:?}, q {q_scale}, {window:?}: {rel:e}");
+                    assert!(rel < 2e-3, "{path:?} {shape:?}: relative difference {rel}");
                 }
             }
         }

@@ -191,6 +191,7 @@ mod tests {
         let rc = RunnerConfig {
             block_size: 4,
             num_blocks: blocks,
+            kv_dtype: crate::KvDtype::F16,
         };
         EchoRunner::new(&cfg, rc).unwrap()
     }

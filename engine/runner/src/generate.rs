@@ -73,6 +73,7 @@ pub fn chat_once(
     let rc = RunnerConfig {
         block_size,
         num_blocks: (ids.len() + max_tokens).div_ceil(block_size),
+        kv_dtype: crate::KvDtype::F16,
     };
     let mut runner = PackedRunner::new(&files, rc)?;
     let out = generate_greedy(&mut runner, &ids, max_tokens, files.tokenizer.eos_ids())?;

@@ -42,7 +42,7 @@ pub mod weight_format;
 /// The element type of device weights and KV (what `select::candle_dtype` answers).
 pub use candle_core::DType;
 pub use error::{Error, Result};
-pub use kv_store::KvStore;
+pub use kv_store::{KvDtype, KvStore};
 pub use packed::{PackedModel, WeightsPlan};
 pub use packed_runner::PackedRunner;
 pub use select::{DeviceChoice, Placement, RunnerChoice};
@@ -69,6 +69,8 @@ pub struct RunnerConfig {
     pub block_size: usize,
     /// Blocks in the pool.
     pub num_blocks: usize,
+    /// The packed runner's KV element type (the candle runner keeps its own, per device).
+    pub kv_dtype: KvDtype,
 }
 
 impl RunnerConfig {

@@ -1,12 +1,12 @@
 //! The packed CPU runner: weights repacked for this crate's SIMD kernels (quantized formats
-//! served as stored) as layer structs ([`PackedModel`]), a paged f32 [`KvStore`], and the
+//! served as stored) as layer structs ([`PackedModel`]), a paged f16 or f32 [`KvStore`], and the
 //! step over them (embed → each layer's `forward` → norm → LM head). The fast CPU
 //! path and the CPU default; it implements [`ModelRunner`] by delegating to its inherent
 //! methods, so the engine loop's dynamic call costs one indirect call per step.
 //!
 //! Invariant: the forward pass runs whole on one rayon worker (see [`PackedRunner::step`]).
 
-use super::kv_store::KvStore;
+use super::kv_store::{KvDtype, KvStore};
 use super::packed::{PackedModel, WeightsPlan};
 use super::weight_format::WeightChoice;
 use super::{ModelRunner, RunnerConfig, SeqChunk, StepLogits, validate_batch};
@@ -57,6 +57,7 @@ impl PackedRunner {
             cfg.head_dim(),
             rc.block_size,
             rc.num_blocks,
+            rc.kv_dtype,
         );
         Ok(Self {
             cfg: cfg.clone(),
@@ -66,12 +67,13 @@ impl PackedRunner {
     }
 
     /// Bytes of one KV block for `cfg` (to size a pool from a byte budget).
-    pub fn block_bytes_for(cfg: &ModelConfig, block_size: usize) -> usize {
+    pub fn block_bytes_for(cfg: &ModelConfig, block_size: usize, dtype: KvDtype) -> usize {
         KvStore::bytes_per_block(
             cfg.num_hidden_layers,
             cfg.kv_heads(),
             cfg.head_dim(),
             block_size,
+            dtype,
         )
     }
 

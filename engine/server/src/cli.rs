@@ -31,7 +31,7 @@ use tidegate_runner::candle::{CandleRunner, device_weight_bytes};
 use tidegate_runner::echo::EchoConfig;
 use tidegate_runner::model::{ModelFiles, ModelFormat};
 use tidegate_runner::select::{candle_dtype, device_memory};
-use tidegate_runner::{DeviceChoice, PackedRunner, Placement, RunnerChoice, WeightChoice};
+use tidegate_runner::{DeviceChoice, KvDtype, PackedRunner, Placement, RunnerChoice, WeightChoice};
 
 fn parse_fraction(s: &str) -> Result<f64, String> {
     match s.parse::<f64>() {
@@ -115,6 +115,11 @@ pub struct ServeArgs {
     /// Tokens per KV block.
     #[arg(long = flag::KV_BLOCK_TOKENS, env = "TIDEGATE_KV_BLOCK_TOKENS", default_value_t = 16)]
     pub kv_block_tokens: usize,
+    /// The KV pool's element type on the packed (CPU) runner: f16 (half the bytes, so twice
+    /// the tokens in a memory budget and half what attention reads; values rounded to 2⁻¹¹
+    /// relative) or f32. The candle runner keeps its own (bf16 on CUDA, f32 on CPU).
+    #[arg(long, env = "TIDEGATE_KV_CACHE_DTYPE", default_value_t = KvDtype::F16)]
+    pub kv_cache_dtype: KvDtype,
     /// Host RAM for KV offloaded from the device pool, a quantity (e.g. 32Gi; 0 disables it).
     #[arg(long = flag::KV_HOST_OFFLOAD, visible_alias = "kv-host-bytes", env = "TIDEGATE_KV_HOST_OFFLOAD", default_value = "1Gi")]
     pub kv_host_offload: Quantity,
@@ -248,6 +253,7 @@ fn loop_config(args: &ServeArgs, model_id: String, kv_blocks: usize) -> LoopConf
         max_waiting: args.max_queued_requests.max(1),
         max_context_tokens: args.max_context_tokens,
         weights: args.weights,
+        kv_dtype: args.kv_cache_dtype,
         ..LoopConfig::default()
     }
 }
@@ -264,7 +270,9 @@ fn kv_pool_size(args: &ServeArgs, files: &ModelFiles, at: Placement) -> anyhow::
     let bs = args.kv_block_tokens.max(1);
     let dtype = candle_dtype(at.device);
     let block_bytes = match at.runner {
-        RunnerChoice::Packed => PackedRunner::block_bytes_for(&files.config, bs),
+        RunnerChoice::Packed => {
+            PackedRunner::block_bytes_for(&files.config, bs, args.kv_cache_dtype)
+        }
         RunnerChoice::Candle => CandleRunner::block_bytes_for(&files.config, bs, dtype),
     };
     let request = KvRequest {

@@ -18,7 +18,7 @@
 use std::arch::x86_64::*;
 
 use super::GroupJob;
-use super::blocks::{BLOCKS_AHEAD, LANES, Span, Sweeps, drive, prefetch, read_at};
+use super::blocks::{BLOCKS_AHEAD, LANES, Lanes, Span, Sweeps, drive, prefetch, read_at};
 use crate::kernels::vector_math::exp256;
 
 /// Lanes of one vector: half a block.
@@ -29,10 +29,10 @@ const HEADS: usize = 4;
 const V_HEADS: usize = 2;
 
 /// The group's output `o` (`[group, head_dim]`); entered only after run-time detection of
-/// avx2 and fma, with 16-token blocks and `head_dim % 16 == 0`.
-pub(super) fn attend(job: &GroupJob<'_>, scores: &mut Vec<f32>, o: &mut [f32]) {
-    // SAFETY: the caller detected avx2 and fma.
-    unsafe { drive::<Avx2>(job, scores, o) }
+/// avx2, fma and f16c, with 16-token blocks and `head_dim % 16 == 0`.
+pub(super) fn attend<E: Lanes>(job: &GroupJob<'_, E>, scores: &mut Vec<f32>, o: &mut [f32]) {
+    // SAFETY: the caller detected avx2, fma and f16c.
+    unsafe { drive::<Avx2, E>(job, scores, o) }
 }
 
 /// The 8-lane sweeps.
@@ -42,14 +42,20 @@ impl Sweeps for Avx2 {
     const SCORE_HEADS: usize = HEADS;
     const VALUE_HEADS: usize = V_HEADS;
 
-    unsafe fn scores(job: &GroupJob<'_>, span: &Span<'_>, g0: usize, heads: usize, s: &mut [f32]) {
-        // SAFETY: avx2 and fma, the trait's contract.
+    unsafe fn scores<E: Lanes>(
+        job: &GroupJob<'_, E>,
+        span: &Span<'_>,
+        g0: usize,
+        heads: usize,
+        s: &mut [f32],
+    ) {
+        // SAFETY: avx2, fma and f16c, the trait's contract.
         unsafe {
             match heads {
-                1 => all_scores::<1>(job, span, g0, s),
-                2 => all_scores::<2>(job, span, g0, s),
-                3 => all_scores::<3>(job, span, g0, s),
-                _ => all_scores::<4>(job, span, g0, s),
+                1 => all_scores::<1, E>(job, span, g0, s),
+                2 => all_scores::<2, E>(job, span, g0, s),
+                3 => all_scores::<3, E>(job, span, g0, s),
+                _ => all_scores::<4, E>(job, span, g0, s),
             }
         }
     }
@@ -59,8 +65,8 @@ impl Sweeps for Avx2 {
         unsafe { softmax_masked(s, span) }
     }
 
-    unsafe fn values(
-        job: &GroupJob<'_>,
+    unsafe fn values<E: Lanes>(
+        job: &GroupJob<'_, E>,
         span: &Span<'_>,
         heads: usize,
         p: &[f32],
@@ -70,10 +76,10 @@ impl Sweeps for Avx2 {
         // SAFETY: as in `scores`.
         unsafe {
             match (heads, wide) {
-                (1, true) => weighted_values::<1, 4>(job, span, p, out),
-                (_, true) => weighted_values::<2, 4>(job, span, p, out),
-                (1, false) => weighted_values::<1, 2>(job, span, p, out),
-                (_, false) => weighted_values::<2, 2>(job, span, p, out),
+                (1, true) => weighted_values::<1, 4, E>(job, span, p, out),
+                (_, true) => weighted_values::<2, 4, E>(job, span, p, out),
+                (1, false) => weighted_values::<1, 2, E>(job, span, p, out),
+                (_, false) => weighted_values::<2, 2, E>(job, span, p, out),
             }
         }
     }
@@ -81,10 +87,15 @@ impl Sweeps for Avx2 {
 
 /// Scaled scores of query heads `g0..g0 + H` over every block of the span, into `s`
 /// (`[H, padded]`).
-#[target_feature(enable = "avx2,fma")]
-fn all_scores<const H: usize>(job: &GroupJob<'_>, span: &Span<'_>, g0: usize, s: &mut [f32]) {
+#[target_feature(enable = "avx2,fma,f16c")]
+fn all_scores<const H: usize, E: Lanes>(
+    job: &GroupJob<'_, E>,
+    span: &Span<'_>,
+    g0: usize,
+    s: &mut [f32],
+) {
     let hd = job.hd;
-    let (kbuf, _) = job.kv.layer(job.layer);
+    let kbuf = job.k;
     let padded = span.padded();
     let q = &job.q[g0 * hd..(g0 + H) * hd];
     assert!(s.len() == H * padded);
@@ -99,8 +110,8 @@ fn all_scores<const H: usize>(job: &GroupJob<'_>, span: &Span<'_>, g0: usize, s:
             let mut acc = [[_mm256_setzero_ps(); 2]; H];
             for d in 0..hd {
                 prefetch(next.add(d * LANES));
-                let lo = _mm256_loadu_ps(kt.as_ptr().add(d * LANES));
-                let hi = _mm256_loadu_ps(kt.as_ptr().add(d * LANES + HALF));
+                let lo = E::load8(kt.as_ptr().add(d * LANES));
+                let hi = E::load8(kt.as_ptr().add(d * LANES + HALF));
                 for g in 0..H {
                     let qd = _mm256_broadcast_ss(&*q.as_ptr().add(g * hd + d));
                     acc[g][0] = _mm256_fmadd_ps(qd, lo, acc[g][0]);
@@ -166,15 +177,15 @@ fn softmax_masked(s: &mut [f32], span: &Span<'_>) {
 
 /// `out[g] = Σ_j p[g][j] · V[j]` for `H` heads, `V` vectors of 8 of the head at a time held
 /// in registers over every valid position.
-#[target_feature(enable = "avx2,fma")]
-fn weighted_values<const H: usize, const V: usize>(
-    job: &GroupJob<'_>,
+#[target_feature(enable = "avx2,fma,f16c")]
+fn weighted_values<const H: usize, const V: usize, E: Lanes>(
+    job: &GroupJob<'_, E>,
     span: &Span<'_>,
     p: &[f32],
     out: &mut [f32],
 ) {
     let hd = job.hd;
-    let (_, vbuf) = job.kv.layer(job.layer);
+    let vbuf = job.v;
     let padded = span.padded();
     assert!(p.len() == H * padded && out.len() == H * hd && hd.is_multiple_of(V * HALF));
     for d0 in (0..hd).step_by(V * HALF) {
@@ -192,7 +203,7 @@ fn weighted_values<const H: usize, const V: usize>(
                         prefetch(next.add(slot * hd + d0 + c * HALF));
                     }
                     let v: [__m256; V] = std::array::from_fn(|c| {
-                        _mm256_loadu_ps(rows.as_ptr().add(slot * hd + d0 + c * HALF))
+                        E::load8(rows.as_ptr().add(slot * hd + d0 + c * HALF))
                     });
                     for g in 0..H {
                         let w =

@@ -28,16 +28,16 @@
 use std::arch::x86_64::*;
 
 use super::GroupJob;
-use super::blocks::{BLOCKS_AHEAD, LANES, Span, Sweeps, drive, prefetch, read_at};
+use super::blocks::{BLOCKS_AHEAD, LANES, Lanes, Span, Sweeps, drive, prefetch, read_at};
 use crate::kernels::vector_math::exp;
 /// Query heads computed together (their accumulators must fit in the 32 registers).
 const HEADS: usize = 4;
 
 /// The group's output `o` (`[group, head_dim]`); entered only after run-time detection of
 /// avx512f, with 16-token blocks and `head_dim % 16 == 0`.
-pub(super) fn attend(job: &GroupJob<'_>, scores: &mut Vec<f32>, o: &mut [f32]) {
+pub(super) fn attend<E: Lanes>(job: &GroupJob<'_, E>, scores: &mut Vec<f32>, o: &mut [f32]) {
     // SAFETY: the caller detected avx512f.
-    unsafe { drive::<Avx512>(job, scores, o) }
+    unsafe { drive::<Avx512, E>(job, scores, o) }
 }
 
 /// The 16-lane sweeps.
@@ -47,14 +47,20 @@ impl Sweeps for Avx512 {
     const SCORE_HEADS: usize = HEADS;
     const VALUE_HEADS: usize = HEADS;
 
-    unsafe fn scores(job: &GroupJob<'_>, span: &Span<'_>, g0: usize, heads: usize, s: &mut [f32]) {
+    unsafe fn scores<E: Lanes>(
+        job: &GroupJob<'_, E>,
+        span: &Span<'_>,
+        g0: usize,
+        heads: usize,
+        s: &mut [f32],
+    ) {
         // SAFETY: avx512f, the trait's contract.
         unsafe {
             match heads {
-                1 => all_scores::<1>(job, span, g0, s),
-                2 => all_scores::<2>(job, span, g0, s),
-                3 => all_scores::<3>(job, span, g0, s),
-                _ => all_scores::<4>(job, span, g0, s),
+                1 => all_scores::<1, E>(job, span, g0, s),
+                2 => all_scores::<2, E>(job, span, g0, s),
+                3 => all_scores::<3, E>(job, span, g0, s),
+                _ => all_scores::<4, E>(job, span, g0, s),
             }
         }
     }
@@ -64,8 +70,8 @@ impl Sweeps for Avx512 {
         unsafe { softmax_masked(s, span) }
     }
 
-    unsafe fn values(
-        job: &GroupJob<'_>,
+    unsafe fn values<E: Lanes>(
+        job: &GroupJob<'_, E>,
         span: &Span<'_>,
         heads: usize,
         p: &[f32],
@@ -81,18 +87,18 @@ impl Sweeps for Avx512 {
         // SAFETY: as in `scores`.
         unsafe {
             match (heads, vecs) {
-                (1, 4) => weighted_values::<1, 4>(job, span, p, out),
-                (2, 4) => weighted_values::<2, 4>(job, span, p, out),
-                (3, 4) => weighted_values::<3, 4>(job, span, p, out),
-                (_, 4) => weighted_values::<4, 4>(job, span, p, out),
-                (1, 2) => weighted_values::<1, 2>(job, span, p, out),
-                (2, 2) => weighted_values::<2, 2>(job, span, p, out),
-                (3, 2) => weighted_values::<3, 2>(job, span, p, out),
-                (_, 2) => weighted_values::<4, 2>(job, span, p, out),
-                (1, _) => weighted_values::<1, 1>(job, span, p, out),
-                (2, _) => weighted_values::<2, 1>(job, span, p, out),
-                (3, _) => weighted_values::<3, 1>(job, span, p, out),
-                (_, _) => weighted_values::<4, 1>(job, span, p, out),
+                (1, 4) => weighted_values::<1, 4, E>(job, span, p, out),
+                (2, 4) => weighted_values::<2, 4, E>(job, span, p, out),
+                (3, 4) => weighted_values::<3, 4, E>(job, span, p, out),
+                (_, 4) => weighted_values::<4, 4, E>(job, span, p, out),
+                (1, 2) => weighted_values::<1, 2, E>(job, span, p, out),
+                (2, 2) => weighted_values::<2, 2, E>(job, span, p, out),
+                (3, 2) => weighted_values::<3, 2, E>(job, span, p, out),
+                (_, 2) => weighted_values::<4, 2, E>(job, span, p, out),
+                (1, _) => weighted_values::<1, 1, E>(job, span, p, out),
+                (2, _) => weighted_values::<2, 1, E>(job, span, p, out),
+                (3, _) => weighted_values::<3, 1, E>(job, span, p, out),
+                (_, _) => weighted_values::<4, 1, E>(job, span, p, out),
             }
         }
     }
@@ -101,9 +107,14 @@ impl Sweeps for Avx512 {
 /// Scaled scores of query heads `g0..g0 + H` over every block of the span, into `s`
 /// (`[H, padded]`).
 #[target_feature(enable = "avx512f")]
-fn all_scores<const H: usize>(job: &GroupJob<'_>, span: &Span<'_>, g0: usize, s: &mut [f32]) {
+fn all_scores<const H: usize, E: Lanes>(
+    job: &GroupJob<'_, E>,
+    span: &Span<'_>,
+    g0: usize,
+    s: &mut [f32],
+) {
     let hd = job.hd;
-    let (kbuf, _) = job.kv.layer(job.layer);
+    let kbuf = job.k;
     let padded = span.padded();
     let q = &job.q[g0 * hd..(g0 + H) * hd];
     assert!(s.len() == H * padded);
@@ -127,8 +138,8 @@ fn all_scores<const H: usize>(job: &GroupJob<'_>, span: &Span<'_>, g0: usize, s:
             while d < hd {
                 prefetch(next.add(d * LANES));
                 prefetch(next.add((d + 1) * LANES));
-                let k0 = _mm512_loadu_ps(kt.as_ptr().add(d * LANES));
-                let k1 = _mm512_loadu_ps(kt.as_ptr().add((d + 1) * LANES));
+                let k0 = E::load16(kt.as_ptr().add(d * LANES));
+                let k1 = E::load16(kt.as_ptr().add((d + 1) * LANES));
                 for g in 0..H {
                     let qg = q.as_ptr().add(g * hd + d);
                     acc[g][0] = _mm512_fmadd_ps(_mm512_set1_ps(*qg), k0, acc[g][0]);
@@ -176,14 +187,14 @@ fn softmax_masked(s: &mut [f32], span: &Span<'_>) {
 /// `out[g] = Σ_j p[g][j] · V[j]` for `H` heads, `V` vectors of the head at a time held in
 /// registers over every valid position.
 #[target_feature(enable = "avx512f")]
-fn weighted_values<const H: usize, const V: usize>(
-    job: &GroupJob<'_>,
+fn weighted_values<const H: usize, const V: usize, E: Lanes>(
+    job: &GroupJob<'_, E>,
     span: &Span<'_>,
     p: &[f32],
     out: &mut [f32],
 ) {
     let hd = job.hd;
-    let (_, vbuf) = job.kv.layer(job.layer);
+    let vbuf = job.v;
     let padded = span.padded();
     assert!(p.len() == H * padded && out.len() == H * hd && hd.is_multiple_of(V * LANES));
     for d0 in (0..hd).step_by(V * LANES) {
@@ -201,7 +212,7 @@ fn weighted_values<const H: usize, const V: usize>(
                         prefetch(next.add(slot * hd + d0 + c * LANES));
                     }
                     let v: [__m512; V] = std::array::from_fn(|c| {
-                        _mm512_loadu_ps(rows.as_ptr().add(slot * hd + d0 + c * LANES))
+                        E::load16(rows.as_ptr().add(slot * hd + d0 + c * LANES))
                     });
                     for g in 0..H {
                         let w = _mm512_set1_ps(*p.as_ptr().add(g * padded + bi * LANES + slot));

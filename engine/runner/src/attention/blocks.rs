@@ -3,9 +3,63 @@
 
 #![allow(unsafe_code)]
 
-use std::arch::x86_64::{_MM_HINT_T0, _mm_prefetch};
+use std::arch::x86_64::{
+    __m256, __m256i, __m512, _MM_HINT_T0, _mm_loadu_si128, _mm_prefetch, _mm256_cvtph_ps,
+    _mm256_loadu_ps, _mm256_loadu_si256, _mm512_cvtph_ps, _mm512_loadu_ps,
+};
+
+use half::f16;
 
 use super::GroupJob;
+use crate::kv_store::KvElem;
+
+/// Loads of stored KV values as f32 vectors: f32 as they are, f16 widened on the way in
+/// (`vcvtph2ps`, one instruction per vector; the bytes from memory are what they save).
+pub(super) trait Lanes: KvElem {
+    /// Values `p..p + 16` as f32.
+    ///
+    /// # Safety
+    /// The CPU has avx512f; the 16 values are readable.
+    unsafe fn load16(p: *const Self) -> __m512;
+
+    /// Values `p..p + 8` as f32.
+    ///
+    /// # Safety
+    /// The CPU has avx and f16c; the 8 values are readable.
+    unsafe fn load8(p: *const Self) -> __m256;
+}
+
+impl Lanes for f32 {
+    #[inline]
+    #[target_feature(enable = "avx512f")]
+    unsafe fn load16(p: *const f32) -> __m512 {
+        // SAFETY: the caller's promise.
+        unsafe { _mm512_loadu_ps(p) }
+    }
+
+    #[inline]
+    #[target_feature(enable = "avx")]
+    unsafe fn load8(p: *const f32) -> __m256 {
+        // SAFETY: the caller's promise.
+        unsafe { _mm256_loadu_ps(p) }
+    }
+}
+
+impl Lanes for f16 {
+    #[inline]
+    #[target_feature(enable = "avx512f")]
+    unsafe fn load16(p: *const f16) -> __m512 {
+        // SAFETY: the caller's promise; f16 is two bytes, so 16 of them are 32.
+        unsafe { _mm512_cvtph_ps(_mm256_loadu_si256(p as *const __m256i)) }
+    }
+
+    #[inline]
+    #[target_feature(enable = "avx,f16c")]
+    unsafe fn load8(p: *const f16) -> __m256 {
+        // SAFETY: as in `load16`: 8 of them are 16 bytes.
+        unsafe { _mm256_cvtph_ps(_mm_loadu_si128(p as *const _)) }
+    }
+}
 
 /// Slots per block (the kernels need 16-token blocks).
 pub(super) const LANES: usize = 16;
@@ -19,7 +73,7 @@ pub(super) struct Span<'a> {
 }
 
 impl<'a> Span<'a> {
-    pub fn of(job: &GroupJob<'a>) -> Self {
+    pub fn of<E>(job: &GroupJob<'a, E>) -> Self {
         let len = job.row.pos + 1;
         let start = job.window.map_or(0, |w| len.saturating_sub(w));
         let first = start / LANES;
@@ -55,13 +109,12 @@ pub(super) const BLOCKS_AHEAD: usize = 2;
 
 /// The start of item `i` of the group's reads in the order the sweeps make them: the span's
 /// K blocks, then its V blocks; past the end, the last V block again (a harmless repeat).
-pub(super) fn read_at(job: &GroupJob<'_>, span: &Span<'_>, i: usize) -> *const f32 {
+pub(super) fn read_at<E>(job: &GroupJob<'_, E>, span: &Span<'_>, i: usize) -> *const E {
     let nb = span.blocks.len();
-    let (k, v) = job.kv.layer(job.layer);
     let (buf, bi) = if i < nb {
-        (k, i)
+        (job.k, i)
     } else {
-        (v, (i - nb).min(nb - 1))
+        (job.v, (i - nb).min(nb - 1))
     };
     let base = job.kv.head_offset(span.blocks[bi], job.kv_head);
     buf[base..base + job.hd * LANES].as_ptr()
@@ -69,7 +122,7 @@ pub(super) fn read_at(job: &GroupJob<'_>, span: &Span<'_>, i: usize) -> *const f
 
 /// Asks for the cache line at `p` ahead of its use.
 #[inline(always)]
-pub(super) fn prefetch(p: *const f32) {
+pub(super) fn prefetch<E>(p: *const E) {
     // SAFETY: a prefetch never faults, whatever the address.
     unsafe { _mm_prefetch::<_MM_HINT_T0>(p as *const i8) }
 }
@@ -86,7 +139,13 @@ pub(super) trait Sweeps {
     ///
     /// # Safety
     /// The CPU has the width's features.
-    unsafe fn scores(job: &GroupJob<'_>, span: &Span<'_>, g0: usize, heads: usize, s: &mut [f32]);
+    unsafe fn scores<E: Lanes>(
+        job: &GroupJob<'_, E>,
+        span: &Span<'_>,
+        g0: usize,
+        heads: usize,
+        s: &mut [f32],
+    );
 
     /// Softmax over the valid slots of one head's padded scores; the others become 0.
     ///
@@ -98,7 +157,13 @@ pub(super) trait Sweeps {
     ///
     /// # Safety
     /// As [`Sweeps::scores`].
-    unsafe fn values(job: &GroupJob<'_>, span: &Span<'_>, heads: usize, p: &[f32], out: &mut [f32]);
+    unsafe fn values<E: Lanes>(
+        job: &GroupJob<'_, E>,
+        span: &Span<'_>,
+        heads: usize,
+        p: &[f32],
+        out: &mut [f32],
+    );
 }
 
 /// The group's output `o` (`[group, head_dim]`) with width `S`: scores in head chunks, the
@@ -106,7 +171,11 @@ pub(super) trait Sweeps {
 ///
 /// # Safety
 /// The CPU has `S`'s features (the caller detected them).
-pub(super) unsafe fn drive<S: Sweeps>(job: &GroupJob<'_>, scores: &mut Vec<f32>, o: &mut [f32]) {
+pub(super) unsafe fn drive<S: Sweeps, E: Lanes>(
+    job: &GroupJob<'_, E>,
+    scores: &mut Vec<f32>,
+    o: &mut [f32],
+) {
     assert!(job.hd.is_multiple_of(LANES) && job.kv.block_size() == LANES);
     assert!(o.len() == job.group * job.hd && job.q.len() == job.group * job.hd);
     let span = Span::of(job);

@@ -127,6 +127,7 @@ impl CandleRunner {
         let rc = RunnerConfig {
             block_size,
             num_blocks: 1,
+            kv_dtype: crate::KvDtype::F16,
         };
         Self::pool_shape(cfg, rc).block_bytes(dtype)
     }
@@ -252,6 +253,7 @@ mod tests {
         let rc = RunnerConfig {
             block_size: 4,
             num_blocks: 8,
+            kv_dtype: crate::KvDtype::F16,
         };
         let mut runner = CandleRunner::random(&cfg, rc, DeviceChoice::Cpu).unwrap();
         // The estimate is what lands on the device: the counted matrices, the untied

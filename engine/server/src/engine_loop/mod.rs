@@ -46,7 +46,7 @@ use tidegate_kv::kv_cache::Tiers;
 use tidegate_runner::echo::EchoConfig;
 use tidegate_runner::error::{Error, Result as EngineResult};
 use tidegate_runner::model::{ModelFiles, Tokenizer};
-use tidegate_runner::{Placement, WeightChoice};
+use tidegate_runner::{KvDtype, Placement, WeightChoice};
 
 pub use model::{LoopModel, RunnerBuild, ServedWeights};
 use owner::Owner;
@@ -78,6 +78,8 @@ pub struct LoopConfig {
     pub max_context_tokens: Option<usize>,
     /// The format the projections are served in (`--weights`).
     pub weights: WeightChoice,
+    /// The packed runner's KV element type (`--kv-cache-dtype`).
+    pub kv_dtype: KvDtype,
     /// Where the model runs and on which runner (`--device`, `--runner`).
     pub placement: Placement,
 }
@@ -105,6 +107,7 @@ impl Default for LoopConfig {
             retry_after: Duration::from_secs(1),
             max_context_tokens: None,
             weights: WeightChoice::AsFile,
+            kv_dtype: KvDtype::F16,
             placement: Placement::cpu_packed(),
         }
     }

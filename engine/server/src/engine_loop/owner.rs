@@ -69,11 +69,13 @@ impl Owner {
         let runner = build(RunnerConfig {
             block_size,
             num_blocks,
+            kv_dtype: cfg.kv_dtype,
         })?;
         tracing::info!(
             runner = runner.kind(),
             weights = %weights.label,
             bytes_per_token = weights.bytes_per_token,
+            kv_dtype = %cfg.kv_dtype,
             "runner ready"
         );
         let block_bytes = runner.block_bytes();
