@@ -6,7 +6,8 @@
 //! `h` reads kv head `h / (heads / kv_heads)`. Work is split over (row, kv head) on the
 //! compute team; with 16-token blocks, [`avx512`] (or its 8-lane form [`avx2`]) computes a
 //! group's scores, softmax and weighted sum in registers (picked at run time), otherwise a
-//! portable loop does the same.
+//! portable loop does the same. K and V are read in the pool's element type (f16 or f32) and
+//! widened to f32 as they are loaded; the arithmetic is f32 on every path.
 
 use std::cell::RefCell;
 
@@ -115,6 +116,8 @@ struct Batch<'a> {
     s: AttnShape,
 }
 
+/// What every path needs of a stored value: on x86-64 its SIMD loads ([`blocks::Lanes`]),
+/// elsewhere only its widening to f32 ([`KvElem`]), which the portable loops use.
 #[cfg(target_arch = "x86_64")]
 trait Elem: blocks::Lanes {}
 #[cfg(target_arch = "x86_64")]
