@@ -19,7 +19,7 @@ use std::arch::x86_64::*;
 
 use super::GroupJob;
 use super::blocks::{BLOCKS_AHEAD, LANES, Lanes, Span, Sweeps, drive, prefetch, read_at};
-use crate::kernels::vector_math::exp256;
+use crate::kernels::vector_math::{exp256, horizontal};
 
 /// Lanes of one vector: half a block.
 const HALF: usize = 8;
@@ -134,15 +134,6 @@ fn lane_mask(bits: u16) -> __m256 {
     let lanes = _mm256_setr_epi32(1, 2, 4, 8, 16, 32, 64, 128);
     let set = _mm256_and_si256(_mm256_set1_epi32(i32::from(bits & 0xff)), lanes);
     _mm256_castsi256_ps(_mm256_cmpeq_epi32(set, lanes))
-}
-
-/// The largest and the sum of the 8 lanes.
-#[target_feature(enable = "avx2")]
-fn horizontal(v: __m256, op: impl Fn(__m128, __m128) -> __m128) -> f32 {
-    let x = op(_mm256_castps256_ps128(v), _mm256_extractf128_ps::<1>(v));
-    let x = op(x, _mm_movehl_ps(x, x));
-    let x = op(x, _mm_shuffle_ps::<0b01>(x, x));
-    _mm_cvtss_f32(x)
 }
 
 /// Softmax over the valid slots of one head's padded scores; the others become 0.

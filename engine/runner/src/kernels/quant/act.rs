@@ -192,6 +192,7 @@ mod x86_avx2 {
     use std::arch::x86_64::*;
 
     use super::{QK, scale_of};
+    use crate::kernels::vector_math::horizontal;
 
     /// Entered only after run-time detection of avx2.
     pub(super) fn quantize_row(x: &[f32], q: &mut [i8], d: &mut [f32], s: &mut [f32]) {
@@ -211,7 +212,7 @@ mod x86_avx2 {
                     _mm256_max_ps(abs(v[0]), abs(v[1])),
                     _mm256_max_ps(abs(v[2]), abs(v[3])),
                 );
-                let (scale, inv) = scale_of(hmax(m));
+                let (scale, inv) = scale_of(horizontal(m, |a, b| _mm_max_ps(a, b)));
                 let inv = _mm256_set1_ps(inv);
                 let i: [__m256i; 4] = std::array::from_fn(|h| {
                     let r = round_away(_mm256_mul_ps(v[h], inv));
@@ -240,18 +241,6 @@ mod x86_avx2 {
     fn abs(v: __m256) -> __m256 {
         // SAFETY: avx2 is enabled in the callers.
         unsafe { _mm256_and_ps(v, _mm256_castsi256_ps(_mm256_set1_epi32(0x7fff_ffff))) }
-    }
-
-    /// The largest of 8 lanes.
-    #[inline(always)]
-    fn hmax(v: __m256) -> f32 {
-        // SAFETY: avx2 is enabled in the callers.
-        unsafe {
-            let m = _mm_max_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps::<1>(v));
-            let m = _mm_max_ps(m, _mm_movehl_ps(m, m));
-            let m = _mm_max_ss(m, _mm_movehdup_ps(m));
-            _mm_cvtss_f32(m)
-        }
     }
 
     /// The sum of 8 i32 lanes (exact: each is at most 127 in size).
