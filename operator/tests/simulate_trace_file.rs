@@ -68,13 +68,14 @@ fn the_llmd_ramp_replays_on_its_pool_and_eight_static_replicas_meet_the_slo() {
     let att = stat["attainment_by_tier"][0].as_f64().expect("attainment");
     assert!(att >= 0.99, "static 8: {att}");
     // The pool's forecast is Auto: the rising trend orders ahead of the climb (reactive,
-    // the planner keeps about 96%) and the falling one follows the descent down (98.9% at
-    // 0.70 x static on this draw of the traffic; docs/simulator.md has the other draws).
+    // the planner keeps about 99.0%) and the falling one follows the descent down (99.6% at
+    // 0.71 x static on this draw of the traffic, the HPA on batch occupancy 97.7%;
+    // docs/simulator.md has the other draws).
     let tide = policy(&r, "tidegate");
     let hpa = policy(&r, "hpa-kv-util");
     let att = |p: &Value| p["attainment_by_tier"][0].as_f64().expect("attainment");
-    assert!(att(tide) >= 0.985, "tidegate: {}", att(tide));
-    assert!(att(tide) > att(hpa) + 0.02, "{} vs {}", att(tide), att(hpa));
+    assert!(att(tide) >= 0.99, "tidegate: {}", att(tide));
+    assert!(att(tide) > att(hpa) + 0.01, "{} vs {}", att(tide), att(hpa));
     let gpu_h = |p: &Value| p["gpu_hours"].as_f64().expect("gpu_hours");
     assert!(
         gpu_h(tide) < 0.75 * gpu_h(stat),

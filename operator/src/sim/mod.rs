@@ -8,7 +8,8 @@
 //!   ramp shape, plus a stream of new tenants; `tenants`: tiers, rate limits, the registry of
 //!   admitted tenants and the engines' admission gate; `pool`: pods with continuous batching
 //!   (batch-dependent inter-token latency), bounded tier-priority queues, a least-loaded
-//!   router, 2–7 min start-up and draining; `metrics`: Prometheus scrape and rate windows;
+//!   router, 2–7 min start-up and draining, queue timeouts at the tier's target;
+//!   `metrics`: Prometheus scrape and rate windows;
 //!   `policy`: the controllers; `run`: the event loop; `report`: outcomes and the table;
 //!   `steady`: what the pod model alone implies for GPU-hours, before any controller runs.
 //! - Your own pool and traffic (`replay`): `manifests` reads the InferencePool and TierPolicy
@@ -28,9 +29,16 @@
 //!   recomputes its whole context. KV capacity does not limit residency beyond max batch.
 //! - Routing is least-loaded over ready pods (an inference gateway's endpoint picker), so a
 //!   request waits only when every pod is full; the engine then queues it (bounded) on one
-//!   pod. No queue-timeout refusals; long waits count against attainment instead.
+//!   pod. A queued request that has waited past its tier's queue-wait target is dropped
+//!   (`queue_timeout`, a miss), as the engine's scheduler drops it, and frees its place for
+//!   the requests behind it; the engine checks every step, the simulated pod when it next
+//!   completes a request or its queue is full, so only when a timed-out request is refused
+//!   differs, not whether.
 //! - The admitted-tenant registry and the admission state reach every engine at once (the
-//!   operator's push latency is not modelled). Refused sessions end; clients do not retry.
+//!   operator's push latency is not modelled). A request refused for overload (queue full or
+//!   timed out) is sent again after the engines' Retry-After of 1 s, twice at most (the
+//!   OpenAI clients' default), and counted once, as its first attempt; one refused by the
+//!   pause or a rate limit ends its session.
 //! - Draining pods finish their running and queued requests without a grace deadline; a
 //!   scale-down's victims answer Drained on the tick `decide` chose them, and the pool, not
 //!   `decide`'s victim order, picks which pods leave (starting ones, then the least loaded).
@@ -251,10 +259,11 @@ pub fn legend(cfg: &SimConfig) -> String {
     format!(
         "\
 attainment: requests that started decoding within their tier's queue-wait target \
-(enterprise 500ms, standard 2s, free 5s) / (started + refused for overload); \
+(enterprise 500ms, standard 2s, free 5s) / (started + refused for overload or queue timeout); \
 existing = tenant admitted within the 24h memory window, new = not; \
 ref pause/rate/overload: refused by the new-tenant pause, per-tenant rate limits, full queues; \
-ovl exist: overload refusals of existing tenants; react: step start → first scale-up decision; \
+ovl exist: overload refusals of existing tenants; timeout exist: existing tenants' requests the \
+engines dropped for waiting past their tier's target (as the engine's scheduler does); react: step start → first scale-up decision; \
 scales: control ticks that changed the replica count; rev: reversals (a scale-up followed by \
 a scale-down within 10 min, or the reverse); overshoot: replicas ordered beyond what the policy \
 still ran 10–20 min later (worst case) / its max step; GPU-h includes start-up and draining.

@@ -66,6 +66,9 @@ pub struct Req {
     pub work: f32,
     /// A trace file's session number (`trace_file::NO_SESSION`: none).
     pub session: u32,
+    /// How many times the client has sent this request again after an overload refusal
+    /// (0: the request as first sent, the one the outcome is counted for).
+    pub retries: u8,
 }
 
 #[derive(Clone, Copy, Debug)]
@@ -232,6 +235,12 @@ pub struct Pool {
     pub tokens_total: f64,
     gpu_pod_us: u128,
     last_account_us: u64,
+    /// Per tier slot: how long a request may wait in a queue before the engine drops it
+    /// (the tier's queue-wait target, as the engine's scheduler does; `u64::MAX`: never).
+    queue_timeout_us: [u64; NTIERS],
+    /// Requests dropped for waiting past their tier's target since the caller last drained
+    /// this (the engine answers them `queue_timeout`).
+    pub timed_out: Vec<Req>,
 }
 
 impl Pool {
@@ -247,6 +256,31 @@ impl Pool {
             tokens_total: 0.0,
             gpu_pod_us: 0,
             last_account_us: 0,
+            queue_timeout_us: [u64::MAX; NTIERS],
+            timed_out: Vec::new(),
+        }
+    }
+
+    /// Queued requests time out after their tier's queue-wait target (seconds per tier
+    /// slot), as in the engine, whose scheduler drops a request that was never admitted once
+    /// it has waited past its tier's target. Without this, nothing times out.
+    pub fn with_queue_timeouts(mut self, targets_s: [f64; NTIERS]) -> Self {
+        self.queue_timeout_us = targets_s.map(|t| (t * 1e6) as u64);
+        self
+    }
+
+    /// Moves pod `p`'s queued requests that waited past their tier's target to `timed_out`.
+    /// Each tier queue is in arrival order, so the expired ones are a prefix of it.
+    fn expire(&mut self, p: u32, now: u64) {
+        let pod = &mut self.pods[p as usize];
+        for (queue, &timeout) in pod.queues.iter_mut().zip(&self.queue_timeout_us) {
+            while let Some(r) = queue.front() {
+                if now.saturating_sub(r.arrival_us) <= timeout {
+                    break;
+                }
+                self.timed_out.extend(queue.pop_front());
+                pod.queued -= 1;
+            }
         }
     }
 
@@ -319,9 +353,18 @@ impl Pool {
     /// Routes an arriving request to the least-loaded ready pod. The caller reschedules
     /// the pod's completion when the request started.
     pub fn route(&mut self, req: Req, now: u64) -> Routed {
-        let Some(p) = self.levels.least_loaded() else {
+        let Some(mut p) = self.levels.least_loaded() else {
             return Routed::Full;
         };
+        if self.pods[p as usize].queued >= self.model.max_queue {
+            // Every ready pod's queue is full: what timed out there leaves first.
+            self.expire(p, now);
+            self.relevel(p);
+            let Some(q) = self.levels.least_loaded() else {
+                return Routed::Full;
+            };
+            p = q;
+        }
         let (running, queued) = {
             let pod = &self.pods[p as usize];
             (pod.running.len() as u32, pod.queued)
@@ -370,6 +413,8 @@ impl Pool {
                 break;
             }
         }
+        self.expire(p, now);
+        let pod = &mut self.pods[p as usize];
         while pod.running.len() < max_batch && pod.queued > 0 {
             let Some(req) = pod.queues.iter_mut().find_map(|q| q.pop_front()) else {
                 break;
@@ -524,6 +569,7 @@ mod tests {
             context: 0,
             work,
             session: u32::MAX,
+            retries: 0,
         }
     }
 
@@ -548,5 +594,52 @@ mod tests {
         pool.scale_to(0, t, &mut Vec::new());
         assert_eq!(pool.pods[0].state, PodState::Draining);
         assert_eq!(pool.current(), 0);
+    }
+
+    /// As the engine's scheduler does: a request that waited past its tier's target leaves
+    /// the queue unserved, and the place it held goes to the requests behind it.
+    #[test]
+    fn a_request_queued_past_its_tiers_target_times_out_and_frees_its_place() {
+        let model = PodModel {
+            max_queue: 2,
+            ..model()
+        };
+        let at = |arrival_us: u64| Req {
+            arrival_us,
+            ..req(5.0)
+        };
+        let mut pool = Pool::new(model).with_queue_timeouts([0.5; NTIERS]);
+        pool.add_ready(0);
+        // Two running, each 25 tokens at itl 0.04 s: both finish at 1.0 s.
+        for _ in 0..2 {
+            assert_eq!(pool.route(req(25.0), 0), Routed::Started(0));
+        }
+        assert_eq!(pool.route(at(0), 0), Routed::Queued(0));
+        assert_eq!(pool.route(at(800_000), 800_000), Routed::Queued(0));
+        // The queue is full; at 0.9 s the first waiter is past its 0.5 s and leaves, and
+        // the newcomer takes its place.
+        assert_eq!(pool.route(at(900_000), 900_000), Routed::Queued(0));
+        assert_eq!(pool.timed_out.len(), 1);
+        assert_eq!(pool.timed_out[0].arrival_us, 0);
+        pool.timed_out.clear();
+        let t = pool.next_completion(0).expect("busy");
+        assert!((t as i64 - 1_000_000).abs() <= 1, "{t}");
+        let (mut done, mut started) = (Vec::new(), Vec::new());
+        assert!(pool.complete(0, pool.pods[0].ver, t, &mut done, &mut started));
+        assert_eq!(done.len(), 2);
+        let waits: Vec<f64> = started.iter().map(|s| s.wait_s).collect();
+        assert_eq!(waits.len(), 2, "{waits:?}");
+        assert!(waits.iter().all(|&w| w <= 0.5), "{waits:?}");
+        assert!(pool.timed_out.is_empty());
+        // Without timeouts (the default) nothing leaves a queue unserved.
+        let mut patient = Pool::new(model);
+        patient.add_ready(0);
+        for _ in 0..2 {
+            patient.route(req(25.0), 0);
+        }
+        patient.route(at(0), 0);
+        patient.route(at(0), 0);
+        assert_eq!(patient.route(at(9_000_000), 9_000_000), Routed::Full);
+        assert!(patient.timed_out.is_empty());
     }
 }

@@ -2,7 +2,8 @@
 //!
 //! Definitions (also printed under the table):
 //! - SLO attainment of a class = requests that started decoding within their tier's queue-wait
-//!   target ÷ (requests that started + requests refused for overload). Refusals by the
+//!   target ÷ (requests that started + requests refused for overload: every queue full, or
+//!   waited in a queue past the tier's target, which the engine answers `queue_timeout`). Refusals by the
 //!   new-tenant pause and by rate limits are reported separately, not as misses: they are
 //!   the policy working as designed. Requests still queued at the end count with the wait
 //!   they had so far.
@@ -81,7 +82,7 @@ pub struct ClassStats {
     pub arrived: u64,
     pub started: u64,
     pub within: u64,
-    pub refused: [u64; 3],
+    pub refused: [u64; 4],
     pub waits: WaitHist,
 }
 
@@ -90,14 +91,16 @@ impl ClassStats {
         self.arrived += o.arrived;
         self.started += o.started;
         self.within += o.within;
-        for i in 0..3 {
+        for i in 0..4 {
             self.refused[i] += o.refused[i];
         }
         self.waits.merge(&o.waits);
     }
 
     pub fn attainment(&self) -> Option<f64> {
-        let denom = self.started + self.refused[ri(Refusal::Overload)];
+        let denom = self.started
+            + self.refused[ri(Refusal::Overload)]
+            + self.refused[ri(Refusal::QueueTimeout)];
         (denom > 0).then(|| self.within as f64 / denom as f64)
     }
 }
@@ -107,6 +110,7 @@ pub fn ri(r: Refusal) -> usize {
         Refusal::NewTenantPause => 0,
         Refusal::RateLimit => 1,
         Refusal::Overload => 2,
+        Refusal::QueueTimeout => 3,
     }
 }
 
@@ -153,7 +157,7 @@ impl Stats {
 
     pub fn refused(&mut self, tier: usize, existing: bool, why: Refusal) {
         self.classes[tier][usize::from(existing)].refused[ri(why)] += 1;
-        if why == Refusal::Overload {
+        if why.is_miss() {
             self.missed += 1;
         }
     }
@@ -181,6 +185,10 @@ pub struct Refusals {
     pub pause_of_protected: u64,
     /// Overload refusals of existing tenants.
     pub overload_existing: u64,
+    /// Requests the engines dropped for waiting past their tier's target (`queue_timeout`).
+    pub queue_timeout: u64,
+    /// Queue timeouts of existing tenants.
+    pub queue_timeout_existing: u64,
 }
 
 /// One (trace, policy) run, summarised.
@@ -250,6 +258,8 @@ impl RunResult {
                 overload: all.refused[2],
                 pause_of_protected: protected.refused[0],
                 overload_existing: existing.refused[2],
+                queue_timeout: all.refused[3],
+                queue_timeout_existing: existing.refused[3],
             },
             react_s,
             scale_events,
@@ -317,6 +327,7 @@ pub fn table_with_tiers<S: AsRef<str>>(
         "ref rate",
         "ref overload",
         "ovl exist",
+        "timeout exist",
         "react",
         "scales",
         "rev",
@@ -343,6 +354,7 @@ pub fn table_with_tiers<S: AsRef<str>>(
                 count(r.refused.rate_limit),
                 count(r.refused.overload),
                 count(r.refused.overload_existing),
+                count(r.refused.queue_timeout_existing),
                 secs(r.react_s),
                 r.scale_events.to_string(),
                 r.reversals.to_string(),

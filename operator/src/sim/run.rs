@@ -30,6 +30,12 @@ use super::policy::{Action, Controller, Ctx, PolicyKind};
 use super::pool::{Pool, Req, Routed, Started};
 use super::report::{RunResult, Stats};
 use super::rng::Rng;
+
+/// Retries of a request refused for overload (queue full or queue timeout): the OpenAI
+/// clients' default `max_retries`.
+const CLIENT_RETRIES: u8 = 2;
+/// The engines' Retry-After on an overload refusal (their default), which the clients honour.
+const RETRY_AFTER_US: u64 = 1_000_000;
 use super::tenants::{NTIERS, Refusal, Tenants, TierParams};
 use super::tiers::TierTable;
 use super::trace::Trace;
@@ -47,6 +53,10 @@ enum Kind {
     FollowUp {
         req: Req,
         left_us: u64,
+    },
+    /// A client sends a refused request again.
+    Retry {
+        req: Req,
     },
     Complete {
         pod: u32,
@@ -218,6 +228,7 @@ impl Sim<'_> {
             context: prompt,
             work: (f64::from(out) + f64::from(prompt) * self.pool.model.prefill_cost) as f32,
             session: NO_SESSION,
+            retries: 0,
         }
     }
 
@@ -257,6 +268,7 @@ impl Sim<'_> {
             context: a.prompt_tokens,
             work: (f64::from(out) + f64::from(prefill) * self.pool.model.prefill_cost) as f32,
             session: a.session,
+            retries: 0,
         }
     }
 
@@ -280,8 +292,25 @@ impl Sim<'_> {
         }
     }
 
+    /// Whether the request's outcome counts: it arrived after the warm-up and is not a
+    /// client's retry (a refused request is one miss, whatever its retries meet).
     fn counted(&self, req: &Req) -> bool {
-        req.arrival_us >= self.warm
+        req.arrival_us >= self.warm && req.retries == 0
+    }
+
+    /// The client of a request refused for overload sends it again after the engine's
+    /// Retry-After, as the OpenAI clients do (twice at most): the load does not vanish with
+    /// the refusal, and the session goes on if a retry is served.
+    fn retry(&mut self, req: Req, now: u64) {
+        if req.retries < CLIENT_RETRIES {
+            let t = now + RETRY_AFTER_US;
+            let again = Req {
+                arrival_us: t,
+                retries: req.retries + 1,
+                ..req
+            };
+            self.push(t, Kind::Retry { req: again });
+        }
     }
 
     fn arrive(&mut self, req: Req, now: u64) {
@@ -315,8 +344,26 @@ impl Sim<'_> {
                     self.stats.refused(tier, req.existing, Refusal::Overload);
                 }
                 self.pipeline.overload_total += 1;
+                self.retry(req, now);
             }
         }
+        self.refuse_timed_out(now);
+    }
+
+    /// Answers the requests the pods dropped for waiting past their tier's target: refused
+    /// (`queue_timeout`, a miss), and the engines' overload refusals the planner reads.
+    fn refuse_timed_out(&mut self, now: u64) {
+        let timed_out = std::mem::take(&mut self.pool.timed_out);
+        for &r in &timed_out {
+            if self.counted(&r) {
+                self.stats
+                    .refused(usize::from(r.tier), r.existing, Refusal::QueueTimeout);
+            }
+            self.pipeline.overload_total += 1;
+            self.retry(r, now);
+        }
+        self.pool.timed_out = timed_out;
+        self.pool.timed_out.clear();
     }
 
     fn on_complete(&mut self, pod: u32, ver: u32, now: u64) {
@@ -327,7 +374,7 @@ impl Sim<'_> {
         if self.pool.complete(pod, ver, now, &mut done, &mut started) {
             self.pipeline.finished_total += done.len() as u64;
             for s in &started {
-                if s.req.arrival_us >= self.warm {
+                if self.counted(&s.req) {
                     self.stats
                         .started(usize::from(s.req.tier), s.req.existing, s.wait_s);
                 }
@@ -356,6 +403,7 @@ impl Sim<'_> {
             }
             self.reschedule(pod);
         }
+        self.refuse_timed_out(now);
         self.done = done;
         self.started = started;
     }
@@ -383,6 +431,7 @@ impl Sim<'_> {
             context: (prev.context + prev.out + turn_prompt).min(16_000),
             work: (f64::from(out) + f64::from(prefill) * self.pool.model.prefill_cost) as f32,
             session: NO_SESSION,
+            retries: 0,
         };
         self.arrive(req, now);
     }
@@ -489,7 +538,7 @@ pub fn run_scenario(
             scn.known_tenants,
         ),
     };
-    let pool = Pool::new(cfg.model);
+    let pool = Pool::new(cfg.model).with_queue_timeouts(scn.tiers.targets());
     let (seed_work, turns) = match scn.source {
         Source::Analytic(_) => service_estimates(cfg, &pool),
         Source::File(f) => (file_work(f, &scn.tiers, cfg.model.prefill_cost), 1.0),
@@ -632,6 +681,7 @@ fn event_loop(sim: &mut Sim<'_>, control: &mut Control, scn: &Scenario<'_>, plan
             }
             Kind::Line => sim.line(now),
             Kind::FollowUp { req, left_us } => sim.follow_up(req, left_us, now),
+            Kind::Retry { req } => sim.arrive(req, now),
             Kind::Complete { pod, ver } => sim.on_complete(pod, ver, now),
             Kind::Ready { pod } => sim.pool.pod_ready(pod, now),
             Kind::Scrape => {
@@ -717,8 +767,10 @@ fn finish(
     let warm = sim.warm;
     let end = warm + scn.source.duration_s() * 1_000_000;
     // What is still queued counts with the wait it had so far.
-    let left: Vec<Req> = sim.pool.queued_requests().copied().collect();
-    for r in left.into_iter().filter(|r| r.arrival_us >= warm) {
+    let left: Vec<Req> = (sim.pool.queued_requests().copied())
+        .filter(|r| sim.counted(r))
+        .collect();
+    for r in left {
         let wait = end.saturating_sub(r.arrival_us) as f64 / 1e6;
         sim.stats.started(usize::from(r.tier), r.existing, wait);
     }

@@ -79,12 +79,21 @@ struct Tenant {
     tokens: u32,
 }
 
-/// Why the gate refused a request.
+/// Why a request was refused: by the gate (pause, rate limit), the router (every queue
+/// full) or the engine (it waited in a queue past its tier's target).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Refusal {
     NewTenantPause,
     RateLimit,
     Overload,
+    QueueTimeout,
+}
+
+impl Refusal {
+    /// A refusal the pool's capacity caused (counted as a miss), not its policy.
+    pub fn is_miss(self) -> bool {
+        matches!(self, Refusal::Overload | Refusal::QueueTimeout)
+    }
 }
 
 /// The tenant population and registry.

@@ -183,7 +183,9 @@ fn pods_held_at_080_of_the_hpa_count_cannot_carry_the_tidal_bursts() {
     assert!(ratio <= 0.82, "GPU-hours {ratio:.3} of the HPA at 0.7");
     let attained = |r: &RunResult| r.attainment_existing.expect("served");
     assert!(attained(&base) >= 0.9999, "{base:?}");
-    assert!(attained(&lean) < 0.99, "{lean:?}");
+    // Queue timeouts keep the misses to the requests the bursts' excess brings (the queue no
+    // longer makes every later request wait for the late ones), so the fall is in tenths.
+    assert!(attained(&lean) < 0.997, "{lean:?}");
 }
 
 #[test]
