@@ -3,9 +3,9 @@
 //! Definitions (also printed under the table):
 //! - SLO attainment of a class = requests that started decoding within their tier's queue-wait
 //!   target ÷ (requests that started + requests refused for overload: every queue full, or
-//!   waited in a queue past the tier's target, which the engine answers `queue_timeout`). Refusals by the
-//!   new-tenant pause and by rate limits are reported separately, not as misses: they are
-//!   the policy working as designed. Requests still queued at the end count with the wait
+//!   waited in a queue past the tier's target, which the engine answers `queue_timeout`).
+//!   Refusals by the new-tenant pause and by rate limits are reported separately, not as
+//!   misses: they are the policy working as designed. Requests still queued at the end count with the wait
 //!   they had so far.
 //! - p99 is taken from a log-bucketed histogram (≤ 6% relative error).
 //!
@@ -98,9 +98,11 @@ impl ClassStats {
     }
 
     pub fn attainment(&self) -> Option<f64> {
-        let denom = self.started
-            + self.refused[ri(Refusal::Overload)]
-            + self.refused[ri(Refusal::QueueTimeout)];
+        let misses: u64 = (Refusal::ALL.iter())
+            .filter(|r| r.is_miss())
+            .map(|&r| self.refused[ri(r)])
+            .sum();
+        let denom = self.started + misses;
         (denom > 0).then(|| self.within as f64 / denom as f64)
     }
 }

@@ -339,31 +339,30 @@ impl Sim<'_> {
                 self.reschedule(p);
             }
             Routed::Queued(_) => self.tenants.admitted(req.tenant, now_s),
-            Routed::Full => {
-                if counted {
-                    self.stats.refused(tier, req.existing, Refusal::Overload);
-                }
-                self.pipeline.overload_total += 1;
-                self.retry(req, now);
-            }
+            Routed::Full => self.refuse_for_overload(req, Refusal::Overload, now),
         }
         self.refuse_timed_out(now);
     }
 
-    /// Answers the requests the pods dropped for waiting past their tier's target: refused
-    /// (`queue_timeout`, a miss), and the engines' overload refusals the planner reads.
+    /// Answers the requests the pods dropped for waiting past their tier's target.
     fn refuse_timed_out(&mut self, now: u64) {
-        let timed_out = std::mem::take(&mut self.pool.timed_out);
+        let mut timed_out = std::mem::take(&mut self.pool.timed_out);
         for &r in &timed_out {
-            if self.counted(&r) {
-                self.stats
-                    .refused(usize::from(r.tier), r.existing, Refusal::QueueTimeout);
-            }
-            self.pipeline.overload_total += 1;
-            self.retry(r, now);
+            self.refuse_for_overload(r, Refusal::QueueTimeout, now);
         }
+        timed_out.clear();
         self.pool.timed_out = timed_out;
-        self.pool.timed_out.clear();
+    }
+
+    /// A refusal for want of room (every queue full, or a queue timeout): a miss when
+    /// counted, an overload refusal in the engines' counter the planner reads (retries
+    /// included, as the operator reads them), and the client retries.
+    fn refuse_for_overload(&mut self, req: Req, why: Refusal, now: u64) {
+        if self.counted(&req) {
+            self.stats.refused(usize::from(req.tier), req.existing, why);
+        }
+        self.pipeline.overload_total += 1;
+        self.retry(req, now);
     }
 
     fn on_complete(&mut self, pod: u32, ver: u32, now: u64) {

@@ -90,6 +90,13 @@ pub enum Refusal {
 }
 
 impl Refusal {
+    pub const ALL: [Refusal; 4] = [
+        Refusal::NewTenantPause,
+        Refusal::RateLimit,
+        Refusal::Overload,
+        Refusal::QueueTimeout,
+    ];
+
     /// A refusal the pool's capacity caused (counted as a miss), not its policy.
     pub fn is_miss(self) -> bool {
         matches!(self, Refusal::Overload | Refusal::QueueTimeout)
