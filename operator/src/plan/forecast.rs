@@ -11,7 +11,9 @@
 //!   5-minute means over the last two hours (`LEVEL_SLOTS`), so a 15-minute burst does not
 //!   lift the forecast for the hour after it, and a holiday at half the usual load forecasts
 //!   half the usual tide within the hour;
-//! - forecast at t = level × profile(t), the profile interpolated between bucket centres.
+//! - forecast at t = min(level, λ now ÷ profile now) × profile(t), the profile interpolated
+//!   between bucket centres: the level is slow to forget a burst longer than an hour (two
+//!   overlapping ones), and once the demand is back down the forecast must not order for it.
 //!
 //! It tracks its own error: every observation also predicts λ one lead time ahead, and when
 //! that time comes the prediction is scored against what was measured (relative error,
@@ -102,6 +104,8 @@ pub struct Forecaster {
     bucket: Option<Bucket>,
     /// λ now ÷ profile now: the means of the recent 5-minute slots (slot number, sum, n).
     level: VecDeque<(u64, f64, u32)>,
+    /// λ now ÷ profile now, at the latest observation (not persisted).
+    latest: Option<f64>,
     /// (due, predicted λ) awaiting their score.
     pending: VecDeque<(Millis, f64)>,
     /// Recent relative error, and when it was last updated.
@@ -114,6 +118,7 @@ impl Default for Forecaster {
             profile: vec![None; BUCKETS],
             bucket: None,
             level: VecDeque::new(),
+            latest: None,
             pending: VecDeque::new(),
             error: None,
         }
@@ -137,11 +142,17 @@ impl Forecaster {
         self.score(now, lambda);
         self.accumulate(now, lambda);
         match self.at(now) {
-            Some(p) if p > self.error_floor() => self.track_level(now, lambda / p),
-            Some(_) => {}
-            None => self.level.clear(),
+            Some(p) if p > self.error_floor() => {
+                self.latest = Some(lambda / p);
+                self.track_level(now, lambda / p);
+            }
+            Some(_) => self.latest = None,
+            None => {
+                self.latest = None;
+                self.level.clear();
+            }
         }
-        if let Some(pred) = self.point(now + lead_ms) {
+        if let Some(pred) = self.modelled(now + lead_ms) {
             if self.pending.len() >= MAX_PENDING {
                 self.pending.pop_front();
             }
@@ -270,9 +281,19 @@ impl Forecaster {
         Some(v[MEDIAN_REACH])
     }
 
-    /// The point forecast of λ at `t`: level × profile.
-    fn point(&self, t: Millis) -> Option<f64> {
+    /// The model's prediction of λ at `t`, level × profile: what its error scores, so that a
+    /// day the profile does not describe turns it off (the latest ratio alone would make any
+    /// smooth day look predictable one lead time ahead).
+    fn modelled(&self, t: Millis) -> Option<f64> {
         Some(finite(self.level()? * self.at(t)?))
+    }
+
+    /// The forecast of λ at `t` the planner orders for: the lower of the level and the latest
+    /// ratio, × profile.
+    fn point(&self, t: Millis) -> Option<f64> {
+        let level = self.level()?;
+        let ratio = self.latest.map_or(level, |r| r.min(level));
+        Some(finite(ratio * self.at(t)?))
     }
 
     fn error_floor(&self) -> f64 {

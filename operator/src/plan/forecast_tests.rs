@@ -96,6 +96,25 @@ fn a_burst_on_one_day_is_not_forecast_for_the_next() {
 }
 
 #[test]
+fn after_a_long_burst_today_the_forecast_follows_the_demand_back_down() {
+    const HOUR: u64 = 3_600_000;
+    let mut f = learned_day();
+    let day1 = DAY0 + DAY_MS;
+    // 70 minutes at 1.3×: most of the level's two hours were the burst.
+    let burst = day1 + 12 * HOUR..day1 + 12 * HOUR + 70 * 60_000;
+    let now = burst.end + 10 * 60_000;
+    feed(&mut f, day1, now, |t| {
+        tide(t, 1.0) * if burst.contains(&t) { 1.3 } else { 1.0 }
+    });
+    assert!(f.level().expect("level") > 1.1, "the burst is in the level");
+    // The burst is over: the forecast starts from the demand now, not from the level.
+    let peak = f.peak(now, LEAD).expect("covered");
+    let want = tide(now + LEAD, 1.0);
+    assert!(peak < 1.03 * want, "{peak} vs {want}");
+    assert_eq!(f.standing(now, LEAD, true), Standing::InUse);
+}
+
+#[test]
 fn the_history_survives_a_restart_and_garbage_restores_nothing() {
     let f = learned_day();
     let text = f.history();
