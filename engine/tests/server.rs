@@ -358,6 +358,30 @@ async fn paused_admission_refuses_only_new_tenants_of_pausable_tiers() {
     assert!(metrics.contains("tidegate_engine_admission_paused{tier=\"enterprise\"} 0"));
     assert!(metrics.contains("tidegate_engine_rejections_total{reason=\"new_tenant_paused\"} 1"));
     assert!(
+        !metrics.contains("tidegate_engine_retried_rejections_total{reason=\"new_tenant_paused\"}"),
+        "a first attempt is not a retry"
+    );
+    // The OpenAI SDKs' retry of the refused request: refused again, and counted apart too, so
+    // the operator sees one request's demand.
+    let resp = h
+        .client
+        .post(format!("{}/v1/chat/completions", h.base))
+        .header("content-type", "application/json")
+        .header("authorization", "Bearer sk-new-free")
+        .header(tidegate_api::router::header::RETRY_COUNT, "1")
+        .body(chat("hi").to_string())
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(resp.status(), 503);
+    let metrics = h.metrics().await;
+    assert!(metrics.contains("tidegate_engine_rejections_total{reason=\"new_tenant_paused\"} 2"));
+    assert!(
+        metrics
+            .contains("tidegate_engine_retried_rejections_total{reason=\"new_tenant_paused\"} 1"),
+        "{metrics}"
+    );
+    assert!(
         !metrics.contains("newco") && !metrics.contains("oldco"),
         "no tenant labels"
     );

@@ -50,7 +50,13 @@ pub struct Outbound<'a> {
 }
 
 /// Client headers passed on to engines (everything else is the router's business).
-const PASSED: &[&str] = &["content-type", "accept", header::SESSION, "x-request-id"];
+const PASSED: &[&str] = &[
+    "content-type",
+    "accept",
+    header::SESSION,
+    header::RETRY_COUNT,
+    "x-request-id",
+];
 
 fn outbound_headers(o: &Outbound<'_>) -> HeaderMap {
     let mut h = HeaderMap::new();
@@ -257,5 +263,37 @@ impl Passthrough {
         } else {
             Err(std::io::Error::other(why.to_string()))
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_session_and_the_clients_retry_count_reach_the_engine_and_its_key_does_not() {
+        let mut client = HeaderMap::new();
+        client.insert(header::SESSION, HeaderValue::from_static("s1"));
+        client.insert(header::RETRY_COUNT, HeaderValue::from_static("2"));
+        client.insert("authorization", HeaderValue::from_static("Bearer sk-x"));
+        let tier = serde_json::from_value(serde_json::json!({"name": "free"})).unwrap();
+        let identity = Identity {
+            tenant: "acme".into(),
+            tier,
+        };
+        let o = Outbound {
+            method: reqwest::Method::POST,
+            idle_timeout: Duration::from_secs(1),
+            path: "/v1/chat/completions",
+            client_headers: &client,
+            identity: &identity,
+            router_token: Some("t"),
+            body: Bytes::new(),
+        };
+        let h = outbound_headers(&o);
+        assert_eq!(h[header::RETRY_COUNT], "2");
+        assert_eq!(h[header::SESSION], "s1");
+        assert_eq!(h[header::TENANT], "acme");
+        assert!(h.get("authorization").is_none());
     }
 }

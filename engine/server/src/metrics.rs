@@ -97,6 +97,8 @@ pub struct Metrics {
     /// Offloaded KV that failed to restore, by source (`host` or `disk`).
     pub kv_restore_failures: Family<RestoreLabel, Counter>,
     pub rejections: Family<ReasonLabel, Counter>,
+    /// The refusals of requests the client marked as a retry (a subset of `rejections`).
+    pub retried_rejections: Family<ReasonLabel, Counter>,
     pub admission_paused: Family<TierLabel, Gauge>,
     pub requests: Family<OutcomeLabels, Counter>,
     pub resident_memory_bytes: Gauge,
@@ -119,6 +121,7 @@ impl Metrics {
             restores: Family::default(),
             kv_restore_failures: Family::default(),
             rejections: Family::default(),
+            retried_rejections: Family::default(),
             admission_paused: Family::default(),
             requests: Family::default(),
             resident_memory_bytes: Gauge::default(),
@@ -155,6 +158,11 @@ impl Metrics {
             m.kv_restore_failures.clone(),
         );
         register(r, &contract::REJECTIONS, m.rejections.clone());
+        register(
+            r,
+            &contract::RETRIED_REJECTIONS,
+            m.retried_rejections.clone(),
+        );
         register(r, &contract::ADMISSION_PAUSED, m.admission_paused.clone());
         register(r, &contract::REQUESTS, m.requests.clone());
         register(
@@ -165,9 +173,14 @@ impl Metrics {
         Arc::new(Metrics { registry, ..m })
     }
 
-    /// Counts a refusal.
-    pub fn reject(&self, reason: &'static str) {
+    /// Counts a refusal, and apart as well when the client sent it as a retry.
+    pub fn reject(&self, reason: &'static str, retry: bool) {
         self.rejections.get_or_create(&ReasonLabel { reason }).inc();
+        if retry {
+            self.retried_rejections
+                .get_or_create(&ReasonLabel { reason })
+                .inc();
+        }
     }
 
     /// Counts a request outcome.
@@ -266,7 +279,7 @@ mod tests {
         m.kv_restore_failures
             .get_or_create(&RestoreLabel { source: "host" })
             .inc();
-        m.reject("queue_full");
+        m.reject("queue_full", true);
         m.admission_paused
             .get_or_create(&TierLabel {
                 tier: "free".into(),
@@ -358,7 +371,8 @@ mod tests {
         m.restores_total("host", 1);
         m.kv_restore_failures_total("disk", 1);
         Metrics::raise_to(&m.decode_tokens, 0);
-        m.reject("queue_full");
+        m.reject("queue_full", false);
+        m.reject("queue_timeout", true);
         m.admission_paused
             .get_or_create(&TierLabel {
                 tier: "free".into(),
@@ -380,6 +394,8 @@ mod tests {
             "tidegate_engine_restores_total{source=\"host\"} 1",
             "tidegate_engine_kv_restore_failures_total{source=\"disk\"} 1",
             "tidegate_engine_rejections_total{reason=\"queue_full\"} 1",
+            "tidegate_engine_rejections_total{reason=\"queue_timeout\"} 1",
+            "tidegate_engine_retried_rejections_total{reason=\"queue_timeout\"} 1",
             "tidegate_engine_admission_paused{tier=\"free\"} 1",
             "tidegate_engine_requests_total{tier=\"gold\",outcome=\"completed\"} 1",
         ] {

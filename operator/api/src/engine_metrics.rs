@@ -239,6 +239,15 @@ pub const REJECTIONS: Metric = counter(
         values: &[],
     }],
 );
+pub const RETRIED_REJECTIONS: Metric = counter(
+    "tidegate_engine_retried_rejections",
+    "tidegate_engine_retried_rejections_total",
+    "Refused requests the client marked as a retry (x-stainless-retry-count > 0), by reason: a subset of rejections_total",
+    &[Label {
+        name: "reason",
+        values: &[],
+    }],
+);
 pub const ADMISSION_PAUSED: Metric = gauge(
     "tidegate_engine_admission_paused",
     "1 while new tenants of the tier are refused, else 0",
@@ -277,6 +286,7 @@ pub const ALL: &[Metric] = &[
     RESTORES,
     KV_RESTORE_FAILURES,
     REJECTIONS,
+    RETRIED_REJECTIONS,
     ADMISSION_PAUSED,
     REQUESTS,
     PROCESS_RESIDENT_MEMORY_BYTES,

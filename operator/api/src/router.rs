@@ -74,6 +74,11 @@ pub mod header {
     pub const ROUTER_TOKEN: &str = "x-tidegate-router-token";
     /// Client → router/engine: the session whose KV a request continues.
     pub const SESSION: &str = "x-session-id";
+    /// Client → router → engine: which retry of a request this is (0 or absent: the first
+    /// attempt). The OpenAI SDKs send it on every request; the engine counts a refused retry
+    /// apart, so the operator does not count a client's retries of one refused request as
+    /// more demand.
+    pub const RETRY_COUNT: &str = "x-stainless-retry-count";
     /// Engine → router, on every answer and on `/readyz`: the engine's own load, as
     /// [`EngineLoad`](super::EngineLoad) writes it.
     pub const ENGINE_LOAD: &str = "x-tidegate-engine-load";

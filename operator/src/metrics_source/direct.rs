@@ -49,7 +49,10 @@ pub fn parse_engine_metrics(text: &str, at_ms: u64) -> EngineSample {
         kv_used: sum(contract::KV_BLOCKS_USED.series, &any),
         kv_total: sum(contract::KV_BLOCKS_TOTAL.series, &any),
         evictions: sum(contract::EVICTIONS.series, &any),
-        overload_refusals: sum(contract::REJECTIONS.series, &overload),
+        // A client's retries of one refused request are one request's demand.
+        overload_refusals: (sum(contract::REJECTIONS.series, &overload)
+            - sum(contract::RETRIED_REJECTIONS.series, &overload))
+        .max(0.0),
         finished: sum(contract::REQUESTS.series, &finished),
         itl_sum: sum(&itl.sum_series(), &any),
         itl_count: sum(&itl.count_series(), &any),
@@ -170,6 +173,9 @@ tidegate_engine_kv_blocks_total 200
 tidegate_engine_evictions_total{tier="free",action="drop"} 4
 tidegate_engine_rejections_total{reason="queue_full"} 2
 tidegate_engine_rejections_total{reason="rate_limited"} 9
+tidegate_engine_rejections_total{reason="queue_timeout"} 3
+tidegate_engine_retried_rejections_total{reason="queue_timeout"} 2
+tidegate_engine_retried_rejections_total{reason="rate_limited"} 4
 tidegate_engine_requests_total{tier="free",outcome="completed"} 30
 tidegate_engine_requests_total{tier="free",outcome="rejected"} 11
 tidegate_engine_requests_total{tier="gold",outcome="cancelled"} 2
@@ -192,7 +198,8 @@ tidegate_engine_queue_wait_seconds_bucket{tier="gold",le="+Inf"} 5
         assert_eq!((s.running, s.waiting), (8.0, 3.0));
         assert_eq!((s.kv_used, s.kv_total), (50.0, 200.0));
         assert_eq!(s.evictions, 4.0);
-        assert_eq!(s.overload_refusals, 2.0);
+        // queue_full 2 + queue_timeout 3, less the 2 timeouts of retries.
+        assert_eq!(s.overload_refusals, 3.0);
         assert_eq!(s.finished, 32.0);
         assert_eq!((s.itl_sum, s.itl_count), (15.0, 600.0));
         assert_eq!(

@@ -78,6 +78,7 @@ impl Queries {
         );
         let evictions = contract::EVICTIONS.series;
         let rejections = contract::REJECTIONS.series;
+        let retried = contract::RETRIED_REJECTIONS.series;
         let overload = contract::OVERLOAD_REASONS.join("|");
         let requests = contract::REQUESTS.series;
         let finished = contract::FINISHED_OUTCOMES.join("|");
@@ -101,7 +102,13 @@ impl Queries {
             ),
             kv_utilization: format!("sum({kv_used}{{{sel}}}) / sum({kv_total}{{{sel}}})"),
             evictions: format!("sum(rate({evictions}{{{sel}}}[{w}]))"),
-            refusals: format!("sum(rate({rejections}{{{sel}, reason=~\"{overload}\"}}[{w}]))"),
+            // A client's retries of one refused request are one request's demand, not three:
+            // the refusals of retries are taken out (engines that do not count them apart
+            // give none to take).
+            refusals: format!(
+                "clamp_min(sum(rate({rejections}{{{sel}, reason=~\"{overload}\"}}[{w}])) - \
+                 (sum(rate({retried}{{{sel}, reason=~\"{overload}\"}}[{w}])) or vector(0)), 0)"
+            ),
             finished: format!("sum(rate({requests}{{{sel}, outcome=~\"{finished}\"}}[{w}]))"),
             waiting_growth: format!("sum(deriv({waiting}{{{sel}}}[{w}]))"),
             newest_sample: format!("max(timestamp({running}{{{sel}}}))"),
@@ -330,6 +337,10 @@ mod tests {
         );
         assert!(q.queue_wait_p99.starts_with("histogram_quantile(0.99, sum by (le) (rate(tidegate_engine_queue_wait_seconds_bucket{namespace=\"prod\", pool=\"llama\"}[60s])))"));
         assert!(q.refusals.contains("reason=~\"queue_full|queue_timeout\""));
+        assert!(
+            q.refusals
+                .contains(" - (sum(rate(tidegate_engine_retried_rejections_total{")
+        );
     }
 
     /// Every `tidegate_engine_…` name in a query, in order.

@@ -355,13 +355,17 @@ impl Sim<'_> {
     }
 
     /// A refusal for want of room (every queue full, or a queue timeout): a miss when
-    /// counted, an overload refusal in the engines' counter the planner reads (retries
-    /// included, as the operator reads them), and the client retries.
+    /// counted, an overload refusal in the engines' counter the planner reads (first
+    /// attempts only, as the operator reads them), and the client retries.
     fn refuse_for_overload(&mut self, req: Req, why: Refusal, now: u64) {
         if self.counted(&req) {
             self.stats.refused(usize::from(req.tier), req.existing, why);
         }
-        self.pipeline.overload_total += 1;
+        if req.retries == 0 {
+            // The engines count a refused retry apart (the clients' retry header) and the
+            // planner leaves it out: one request's demand, however often it is sent.
+            self.pipeline.overload_total += 1;
+        }
         self.retry(req, now);
     }
 

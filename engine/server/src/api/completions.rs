@@ -63,10 +63,11 @@ async fn handle(app: Arc<AppState>, endpoint: Endpoint, request: Request) -> Res
     let arrived = Instant::now();
     let policy = app.policy.get();
     let mut tier_name = policy.spec.default_tier.clone();
+    let retry = is_retry(request.headers());
     match admit(&app, endpoint, request, arrived, &mut tier_name).await {
         Ok(response) => response,
         Err(e) => {
-            app.metrics.reject(e.metric_label());
+            app.metrics.reject(e.metric_label(), retry);
             app.metrics.outcome(&tier_name, "rejected");
             if e.status().is_server_error() {
                 tracing::warn!(status = e.status().as_u16(), reason = e.metric_label(), error = %e, "request failed");
@@ -76,6 +77,17 @@ async fn handle(app: Arc<AppState>, endpoint: Endpoint, request: Request) -> Res
             e.into_response()
         }
     }
+}
+
+/// Whether the client sent this request as a retry of one refused before (the OpenAI SDKs'
+/// attempt header above 0). An unreadable value counts as a first attempt: counted as
+/// demand, as every refusal was before the header was read.
+fn is_retry(headers: &axum::http::HeaderMap) -> bool {
+    headers
+        .get(tidegate_api::router::header::RETRY_COUNT)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.trim().parse::<u32>().ok())
+        .is_some_and(|n| n > 0)
 }
 
 async fn admit(
