@@ -1,11 +1,12 @@
-//! `PrometheusMetrics` against a real Prometheus server scraping two fake engines (their
-//! /metrics as the engine writes it, with the `namespace`, `pool` and `pod` target labels the
-//! chart's PodMonitor produces): the PromQL parses and evaluates, and the answers map onto
-//! PoolMetrics (per-pod decode rate, the pod model's points from the inter-token latency
-//! histogram, finished requests, p99 from the histogram, KV use, staleness).
+//! `PrometheusMetrics` against a real Prometheus server scraping three fake engines in two
+//! pools (their /metrics as the engine writes it, with the `namespace`, `pool` and `pod`
+//! target labels the chart's PodMonitor produces): the PromQL parses and evaluates, and the
+//! answers map onto PoolMetrics (per-pod decode rate, the pod model's points from the
+//! inter-token latency histogram, finished requests, p99 from the histogram, KV use,
+//! overload refusals less a client's retries, staleness).
 //!
-//! Runs only when TIDEGATE_TEST_PROMETHEUS names a Prometheus binary; otherwise it passes
-//! without doing anything.
+//! Runs only when TIDEGATE_TEST_PROMETHEUS names a Prometheus binary (scripts/test.sh sets
+//! it to the one test-deps installs); otherwise it passes without doing anything.
 
 use std::net::SocketAddr;
 use std::process::{Child, Command, Stdio};
@@ -18,10 +19,19 @@ use tidegate_operator::metrics_source::prometheus::PrometheusMetrics;
 use tidegate_operator::plan::MetricsProblem;
 use tidegate_operator::ports::{MetricsSource, PoolRef};
 
+/// Refusals an engine counts, per second: `overload` for a full queue, `retried` of them on a
+/// client's retry (None: an engine that does not count retries apart), and always five for
+/// the admission pause, which is not overload.
+#[derive(Clone, Copy)]
+struct Refusals {
+    overload: f64,
+    retried: Option<f64>,
+}
+
 /// Serves engine metrics: `tps` decode tokens/s, each `itl` seconds after the one before it,
-/// `waiting` queued requests, 10 queue-wait observations per second of 0.3s each, and two
-/// completed requests per second.
-async fn fake_engine(tps: f64, waiting: f64, itl: f64) -> SocketAddr {
+/// `waiting` queued requests, 10 queue-wait observations per second of 0.3s each, two
+/// completed requests per second, and `refused`.
+async fn fake_engine(tps: f64, waiting: f64, itl: f64, refused: Refusals) -> SocketAddr {
     let start = Instant::now();
     let app = Router::new().route(
         "/metrics",
@@ -53,10 +63,20 @@ async fn fake_engine(tps: f64, waiting: f64, itl: f64) -> SocketAddr {
                  tidegate_engine_inter_token_latency_seconds_sum{{tier=\"free\"}} {}\n\
                  tidegate_engine_inter_token_latency_seconds_count{{tier=\"free\"}} {tokens}\n\
                  # TYPE tidegate_engine_requests_total counter\n\
-                 tidegate_engine_requests_total{{tier=\"free\",outcome=\"completed\"}} {}\n",
+                 tidegate_engine_requests_total{{tier=\"free\",outcome=\"completed\"}} {}\n\
+                 # TYPE tidegate_engine_rejections_total counter\n\
+                 tidegate_engine_rejections_total{{reason=\"queue_full\"}} {}\n\
+                 tidegate_engine_rejections_total{{reason=\"new_tenant_admission_paused\"}} {}\n{}",
                 n * 0.3,
                 tokens * itl,
                 (t * 2.0).floor(),
+                (t * refused.overload).floor(),
+                (t * 5.0).floor(),
+                refused.retried.map_or(String::new(), |r| format!(
+                    "# TYPE tidegate_engine_retried_rejections_total counter\n\
+                     tidegate_engine_retried_rejections_total{{reason=\"queue_full\"}} {}\n",
+                    (t * r).floor()
+                )),
             )
         }),
     );
@@ -100,14 +120,20 @@ async fn promql_against_a_real_prometheus() {
         eprintln!("TIDEGATE_TEST_PROMETHEUS not set; skipping");
         return;
     };
-    let a = fake_engine(100.0, 2.0, 0.04).await;
-    let b = fake_engine(50.0, 0.0, 0.025).await;
+    // Pool chat: engine a refuses 3/s for overload, 1/s of them retries; b (no retry
+    // counter) 1/s: 3 requests/s of unmet demand. Pool old: one engine without the retry
+    // counter, 1/s, so the whole query has no retried series to subtract.
+    let counted = |overload, retried| Refusals { overload, retried };
+    let a = fake_engine(100.0, 2.0, 0.04, counted(3.0, Some(1.0))).await;
+    let b = fake_engine(50.0, 0.0, 0.025, counted(1.0, None)).await;
+    let c = fake_engine(10.0, 0.0, 0.025, counted(1.0, None)).await;
     let dir = tempfile::tempdir().expect("tempdir");
     let config = format!(
         "global:\n  scrape_interval: 1s\n\
          scrape_configs:\n  - job_name: tidegate-engine\n    static_configs:\n\
          \x20     - targets: ['{a}']\n        labels: {{namespace: prod, pool: chat, pod: chat-a}}\n\
-         \x20     - targets: ['{b}']\n        labels: {{namespace: prod, pool: chat, pod: chat-b}}\n"
+         \x20     - targets: ['{b}']\n        labels: {{namespace: prod, pool: chat, pod: chat-b}}\n\
+         \x20     - targets: ['{c}']\n        labels: {{namespace: prod, pool: old, pod: old-a}}\n"
     );
     let config_path = dir.path().join("prometheus.yml");
     std::fs::write(&config_path, config).expect("config");
@@ -147,6 +173,7 @@ async fn promql_against_a_real_prometheus() {
                     && m.step_samples.len() == 2
                     && m.queue_wait_p99_seconds.is_some()
                     && m.requests_finished_per_second > 0.0
+                    && m.overload_refusals_per_second > 0.0
                     && (120.0..=180.0).contains(&m.decode_tokens_per_second) =>
             {
                 break m;
@@ -174,6 +201,11 @@ async fn promql_against_a_real_prometheus() {
         (3.0..=5.0).contains(&m.requests_finished_per_second),
         "{m:?}"
     );
+    // Overload refusals less the retried ones (4 − 1); the pause's refusals are not counted.
+    assert!(
+        (2.0..=4.0).contains(&m.overload_refusals_per_second),
+        "{m:?}"
+    );
     assert_eq!(m.running, 8.0);
     assert_eq!(m.waiting, 2.0);
     assert!((m.kv_utilization - 0.5).abs() < 1e-9, "{m:?}");
@@ -186,6 +218,26 @@ async fn promql_against_a_real_prometheus() {
         now().saturating_sub(m.sampled_at) < 5_000,
         "sampled_at is the last scrape: {m:?}"
     );
+
+    // Without any retry counter in the pool, nothing is subtracted (`or vector(0)`).
+    let old = PoolRef {
+        namespace: "prod".into(),
+        name: "old".into(),
+    };
+    let deadline = Instant::now() + Duration::from_secs(20);
+    let refused = loop {
+        match source.read(&old, &spec, &[], now()).await {
+            Ok(m) if m.overload_refusals_per_second > 0.0 => break m.overload_refusals_per_second,
+            other => {
+                assert!(
+                    Instant::now() < deadline,
+                    "no refusals in pool old: {other:?}"
+                );
+                tokio::time::sleep(Duration::from_millis(500)).await;
+            }
+        }
+    };
+    assert!((0.5..=1.5).contains(&refused), "pool old: {refused}");
 
     // A pool nobody scrapes has no data; a dead Prometheus is unreachable.
     let other = PoolRef {
