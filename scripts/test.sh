@@ -22,15 +22,7 @@ GO_LOG=$(mktemp)
 (nice -n 19 scripts/cluster.sh install && nice -n 19 scripts/seaweedfs.sh install) >"$GO_LOG" 2>&1 &
 GO_PID=$!
 # On an early exit, stop them (and the compilers below them).
-trap 'stop_test_apiserver; [ -n "$GO_PID" ] && kill $GO_PID $(descendants "$GO_PID") 2>/dev/null; true' EXIT
-
-# The CRD-only test API server the operator's tests use (started before cargo test).
-stop_test_apiserver() {
-    [ -n "${K8S_TESTENV_STATE:-}" ] || return 0
-    ../shared/testenv/k8s-testenv stop >/dev/null 2>&1 || true
-    rm -rf "$K8S_TESTENV_STATE"
-    unset K8S_TESTENV_STATE TIDEGATE_TEST_KUBECONFIG
-}
+trap '[ -n "$GO_PID" ] && kill $GO_PID $(descendants "$GO_PID") 2>/dev/null; true' EXIT
 
 # descendants PID: every process below PID.
 descendants() {
@@ -71,19 +63,18 @@ fi
 step "cargo test --workspace"
 # The fetch crate's SeaweedFS tests skip here when the server is still being built; they
 # run once it is (below, beside e2e/model-sources.sh). Two operator tests talk to real
-# servers and skip without them: its PromQL to the Prometheus test-deps installed
-# (operator/tests/k8s_prometheus.rs), its status writes to a CRD-only test API server started
-# for the run (operator/tests/k8s_apiserver.rs).
-TIDEGATE_TEST_PROMETHEUS="${TIDEGATE_TEST_PROMETHEUS:-$(command -v prometheus || true)}"
-if [ -n "$TIDEGATE_TEST_PROMETHEUS" ]; then export TIDEGATE_TEST_PROMETHEUS; else unset TIDEGATE_TEST_PROMETHEUS; fi
-if [ -z "${TIDEGATE_TEST_KUBECONFIG:-}" ]; then
-    export K8S_TESTENV_STATE
-    K8S_TESTENV_STATE=$(mktemp -d)
-    testenv_out=$(../shared/testenv/k8s-testenv start 2>&1) || { echo "$testenv_out"; echo "FAILED: the test API server"; exit 1; }
-    export TIDEGATE_TEST_KUBECONFIG="$K8S_TESTENV_STATE/kubeconfig"
-fi
-cargo test --workspace --quiet
-stop_test_apiserver
+# servers and skip without them, so they get both here: a CRD-only test API server for its
+# status writes (operator/tests/k8s_apiserver.rs), stopped when the tests end, and the
+# Prometheus test-deps installed beside it for its PromQL (operator/tests/k8s_prometheus.rs).
+# KUBECONFIG stays unset for the other tests.
+(
+    . e2e/lib.sh
+    start_api_server "$(mktemp -d)"
+    prometheus=${TIDEGATE_TEST_PROMETHEUS:-$(dirname "$(command -v kubectl)")/prometheus}
+    [ -x "$prometheus" ] || { echo "FAILED: no Prometheus at $prometheus (scripts/test-deps.sh installs it)"; exit 1; }
+    env -u KUBECONFIG TIDEGATE_TEST_KUBECONFIG="$KUBECONFIG" TIDEGATE_TEST_PROMETHEUS="$prometheus" \
+        cargo test --workspace --quiet
+)
 
 failed=0
 # Those that need the Go builds (Helm, SeaweedFS, the cluster) come last.

@@ -16,7 +16,7 @@ use axum::Router;
 use axum::routing::get;
 use tidegate_api::InferencePoolSpec;
 use tidegate_operator::metrics_source::prometheus::PrometheusMetrics;
-use tidegate_operator::plan::MetricsProblem;
+use tidegate_operator::plan::{MetricsProblem, PoolMetrics};
 use tidegate_operator::ports::{MetricsSource, PoolRef};
 
 /// Refusals an engine counts, per second: `overload` for a full queue, `retried` of them on a
@@ -104,6 +104,38 @@ fn free_port() -> u16 {
         .expect("free port")
 }
 
+fn now_ms() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_millis() as u64)
+        .unwrap_or(0)
+}
+
+/// Reads `pool` every half second until its metrics satisfy `usable`, failing the test with
+/// the last answer after `timeout`.
+async fn read_until(
+    source: &PrometheusMetrics,
+    pool: &PoolRef,
+    spec: &InferencePoolSpec,
+    timeout: Duration,
+    usable: impl Fn(&PoolMetrics) -> bool,
+) -> PoolMetrics {
+    let deadline = Instant::now() + timeout;
+    loop {
+        match source.read(pool, spec, &[], now_ms()).await {
+            Ok(m) if usable(&m) => return m,
+            other => {
+                assert!(
+                    Instant::now() < deadline,
+                    "no usable metrics for {}: {other:?}",
+                    pool.name
+                );
+                tokio::time::sleep(Duration::from_millis(500)).await;
+            }
+        }
+    }
+}
+
 fn spec() -> InferencePoolSpec {
     serde_json::from_value(serde_json::json!({
         "model": {"name": "m", "uri": "file:///m"},
@@ -123,10 +155,19 @@ async fn promql_against_a_real_prometheus() {
     // Pool chat: engine a refuses 3/s for overload, 1/s of them retries; b (no retry
     // counter) 1/s: 3 requests/s of unmet demand. Pool old: one engine without the retry
     // counter, 1/s, so the whole query has no retried series to subtract.
-    let counted = |overload, retried| Refusals { overload, retried };
-    let a = fake_engine(100.0, 2.0, 0.04, counted(3.0, Some(1.0))).await;
-    let b = fake_engine(50.0, 0.0, 0.025, counted(1.0, None)).await;
-    let c = fake_engine(10.0, 0.0, 0.025, counted(1.0, None)).await;
+    let (retries_counted, not_counted) = (
+        Refusals {
+            overload: 3.0,
+            retried: Some(1.0),
+        },
+        Refusals {
+            overload: 1.0,
+            retried: None,
+        },
+    );
+    let a = fake_engine(100.0, 2.0, 0.04, retries_counted).await;
+    let b = fake_engine(50.0, 0.0, 0.025, not_counted).await;
+    let c = fake_engine(10.0, 0.0, 0.025, not_counted).await;
     let dir = tempfile::tempdir().expect("tempdir");
     let config = format!(
         "global:\n  scrape_interval: 1s\n\
@@ -157,33 +198,17 @@ async fn promql_against_a_real_prometheus() {
         name: "chat".into(),
     };
     let spec = spec();
-    let now = || {
-        std::time::SystemTime::now()
-            .duration_since(std::time::UNIX_EPOCH)
-            .map(|d| d.as_millis() as u64)
-            .unwrap_or(0)
-    };
 
     // Wait until both pods have enough samples for rate() and the histogram quantile.
-    let deadline = Instant::now() + Duration::from_secs(40);
-    let m = loop {
-        match source.read(&pool, &spec, &[], now()).await {
-            Ok(m)
-                if m.pods_reporting == 2
-                    && m.step_samples.len() == 2
-                    && m.queue_wait_p99_seconds.is_some()
-                    && m.requests_finished_per_second > 0.0
-                    && m.overload_refusals_per_second > 0.0
-                    && (120.0..=180.0).contains(&m.decode_tokens_per_second) =>
-            {
-                break m;
-            }
-            other => {
-                assert!(Instant::now() < deadline, "no usable metrics: {other:?}");
-                tokio::time::sleep(Duration::from_millis(500)).await;
-            }
-        }
-    };
+    let m = read_until(&source, &pool, &spec, Duration::from_secs(40), |m| {
+        m.pods_reporting == 2
+            && m.step_samples.len() == 2
+            && m.queue_wait_p99_seconds.is_some()
+            && m.requests_finished_per_second > 0.0
+            && m.overload_refusals_per_second > 0.0
+            && (120.0..=180.0).contains(&m.decode_tokens_per_second)
+    })
+    .await;
     assert!(
         (120.0..=180.0).contains(&m.decode_tokens_per_second),
         "{m:?}"
@@ -215,7 +240,7 @@ async fn promql_against_a_real_prometheus() {
         "p99 within the 0.1–0.5 bucket: {p99}"
     );
     assert!(
-        now().saturating_sub(m.sampled_at) < 5_000,
+        now_ms().saturating_sub(m.sampled_at) < 5_000,
         "sampled_at is the last scrape: {m:?}"
     );
 
@@ -224,20 +249,14 @@ async fn promql_against_a_real_prometheus() {
         namespace: "prod".into(),
         name: "old".into(),
     };
-    let deadline = Instant::now() + Duration::from_secs(20);
-    let refused = loop {
-        match source.read(&old, &spec, &[], now()).await {
-            Ok(m) if m.overload_refusals_per_second > 0.0 => break m.overload_refusals_per_second,
-            other => {
-                assert!(
-                    Instant::now() < deadline,
-                    "no refusals in pool old: {other:?}"
-                );
-                tokio::time::sleep(Duration::from_millis(500)).await;
-            }
-        }
-    };
-    assert!((0.5..=1.5).contains(&refused), "pool old: {refused}");
+    let m = read_until(&source, &old, &spec, Duration::from_secs(20), |m| {
+        m.overload_refusals_per_second > 0.0
+    })
+    .await;
+    assert!(
+        (0.5..=1.5).contains(&m.overload_refusals_per_second),
+        "pool old: {m:?}"
+    );
 
     // A pool nobody scrapes has no data; a dead Prometheus is unreachable.
     let other = PoolRef {
@@ -245,13 +264,13 @@ async fn promql_against_a_real_prometheus() {
         name: "nobody".into(),
     };
     assert!(matches!(
-        source.read(&other, &spec, &[], now()).await,
+        source.read(&other, &spec, &[], now_ms()).await,
         Err(MetricsProblem::NoData(_))
     ));
     drop(_prom);
     tokio::time::sleep(Duration::from_millis(300)).await;
     assert!(matches!(
-        source.read(&pool, &spec, &[], now()).await,
+        source.read(&pool, &spec, &[], now_ms()).await,
         Err(MetricsProblem::Unreachable(_))
     ));
 }
