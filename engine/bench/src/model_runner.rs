@@ -16,6 +16,8 @@ use tidegate_runner::model::ModelFiles;
 use tidegate_runner::sampling::argmax;
 use tidegate_runner::{KvDtype, PackedRunner, RunnerConfig, SeqChunk};
 
+use crate::roofline::{self, ReadProbe};
+
 /// Command-line options.
 #[derive(Debug, Clone, clap::Args)]
 pub struct BenchArgs {
@@ -41,6 +43,11 @@ pub struct BenchArgs {
     /// denominator for scripts/bench-vs-llamacpp.sh.
     #[arg(long)]
     pub bandwidth_only: bool,
+    /// Also measure the batch-1 roofline fraction in this many pairs of read passes and
+    /// decode steps taken in turn (needs batch 1 in `--batch`; 0 skips it): on a shared host
+    /// the bandwidth moves between a separate reading and the decode.
+    #[arg(long, default_value_t = 0)]
+    pub roofline_pairs: usize,
     /// The KV pool's element type (as `serve --kv-cache-dtype`).
     #[arg(long, default_value_t = KvDtype::F16)]
     pub kv_cache_dtype: KvDtype,
@@ -57,17 +64,14 @@ pub struct Bandwidth {
 
 /// Measures read and copy bandwidth on a 256 MiB buffer (best of 8 passes).
 pub fn measure_bandwidth() -> Bandwidth {
-    let n = 64 << 20; // f32s = 256 MiB
-    let src: Vec<f32> = (0..n).map(|i| (i % 7) as f32).collect();
-    let mut dst = vec![0f32; n];
-    let bytes = (n * 4) as f64;
+    let probe = ReadProbe::new();
+    let src = probe.source();
+    let mut dst = vec![0f32; src.len()];
+    let bytes = (src.len() * 4) as f64;
     let mut read = 0f64;
     let mut copy = 0f64;
     for _ in 0..8 {
-        let t = Instant::now();
-        let s: f32 = src.par_chunks(1 << 16).map(sum_wide).sum();
-        std::hint::black_box(s);
-        read = read.max(bytes / t.elapsed().as_secs_f64());
+        read = read.max(probe.pass());
         let t = Instant::now();
         dst.par_chunks_mut(1 << 16)
             .zip(src.par_chunks(1 << 16))
@@ -76,17 +80,6 @@ pub fn measure_bandwidth() -> Bandwidth {
         copy = copy.max(bytes / t.elapsed().as_secs_f64());
     }
     Bandwidth { read, copy }
-}
-
-/// Sum with 16 independent lanes, so the loop is limited by memory, not by add latency.
-fn sum_wide(c: &[f32]) -> f32 {
-    let mut acc = [0f32; 16];
-    for ch in c.chunks_exact(16) {
-        for (a, b) in acc.iter_mut().zip(ch) {
-            *a += b;
-        }
-    }
-    acc.iter().sum()
 }
 
 /// Throughput of the matmul kernel alone for `[m, k] x [n, k]ᵀ`: (GFLOP/s, weight GB/s),
@@ -291,7 +284,9 @@ pub fn run(args: &BenchArgs) -> Result<()> {
     let t = Instant::now();
     let files = ModelFiles::load(&args.model)?;
     let block_size = 16;
-    let per_seq = (args.prompt_len + ROUNDS * args.steps + 1).div_ceil(block_size);
+    // Positions per sequence: the prompt, the timed rounds, and the paired roofline's steps.
+    let decoded = ROUNDS * args.steps + args.roofline_pairs * PAIR_STEPS;
+    let per_seq = (args.prompt_len + decoded + 1).div_ceil(block_size);
     let total_seqs: usize = args.batch.iter().sum();
     let history_blocks = args.history.div_ceil(block_size);
     let mut runner = PackedRunner::new(
@@ -374,6 +369,47 @@ pub fn run(args: &BenchArgs) -> Result<()> {
             tps / base_tps,
             args.batch.first().copied().unwrap_or(1),
             100.0 * tps / b as f64 / roof
+        );
+    }
+    if let Some(one) = args.batch.iter().position(|&b| b == 1) {
+        paired_roofline(&mut runner, &mut sets[one], bytes, args.roofline_pairs)?;
+    } else if args.roofline_pairs > 0 {
+        println!("--roofline-pairs needs batch 1 in --batch; skipped");
+    }
+    Ok(())
+}
+
+/// Decode steps between read passes, per pair.
+const PAIR_STEPS: usize = 8;
+
+/// Prints the batch-1 roofline fraction measured in `pairs` pairs (none: nothing).
+fn paired_roofline(
+    runner: &mut PackedRunner,
+    set: &mut DecodeSet,
+    bytes: usize,
+    pairs: usize,
+) -> Result<()> {
+    if pairs == 0 {
+        return Ok(());
+    }
+    let probe = ReadProbe::new();
+    let measured = roofline::measure(&probe, pairs, PAIR_STEPS, bytes, || {
+        Ok::<_, Error>(
+            set.decode(runner, 1)?
+                .first()
+                .copied()
+                .unwrap_or(f64::INFINITY),
+        )
+    })?;
+    if let Some(s) = roofline::summarize(&measured) {
+        println!(
+            "batch-1 roofline, paired ({} pairs of a read pass, {PAIR_STEPS} decode steps, a read pass): {:.2} of the read bandwidth (pairs {:.2}-{:.2}); decode reads weights at {:.1} GB/s, read passes {:.1} GB/s (medians)",
+            s.pairs,
+            s.fraction,
+            s.lowest,
+            s.highest,
+            s.decode / 1e9,
+            s.read / 1e9,
         );
     }
     Ok(())

@@ -27,7 +27,7 @@
 use std::arch::x86_64::*;
 
 use super::layout::{Q8_QUANTS, Q8_RECORD, q4_record};
-use super::x86::{group as group256, prefetch_ahead};
+use super::x86::{PREFETCH_AHEAD, PREFETCH_AHEAD_EVEX, group as group256, prefetch_ahead};
 use super::{COLS, MR, QK, RowsView};
 
 /// Output rows of a panel pair.
@@ -232,7 +232,7 @@ fn q8x2<const R: usize>(pa: &[u8], pb: &[u8], x: &RowsView<'_>, tile: &mut [[f32
 /// The 256-bit one-panel kernels, once per encoding of `vpdpbusd`: VEX (AVX-VNNI) and EVEX
 /// (AVX-512 VNNI + VL, for the CPUs that have AVX-512 VNNI but not AVX-VNNI, e.g. Ice Lake).
 macro_rules! one_panel_kernels {
-    ($q4:ident, $q8:ident, $features:literal, $dpbusd:ident) => {
+    ($q4:ident, $q8:ident, $features:literal, $dpbusd:ident, $ahead:ident) => {
         #[target_feature(enable = $features)]
         fn $q4<const R: usize, const OFS: bool>(
             panel: &[u8],
@@ -248,7 +248,7 @@ macro_rules! one_panel_kernels {
                 let qp: [*const i8; R] = std::array::from_fn(|r| x.q.as_ptr().add(r * x.k));
                 let mut rec = panel.as_ptr();
                 for b in 0..nb {
-                    prefetch_ahead(rec, record);
+                    prefetch_ahead::<$ahead>(rec, record);
                     let d = _mm256_cvtph_ps(_mm_loadu_si128(rec as *const __m128i));
                     let m = if OFS {
                         _mm256_cvtph_ps(_mm_loadu_si128(rec.add(2 * COLS) as *const __m128i))
@@ -292,7 +292,7 @@ macro_rules! one_panel_kernels {
                 let qp: [*const i8; R] = std::array::from_fn(|r| x.q.as_ptr().add(r * x.k));
                 let mut rec = panel.as_ptr();
                 for b in 0..nb {
-                    prefetch_ahead(rec, Q8_RECORD);
+                    prefetch_ahead::<$ahead>(rec, Q8_RECORD);
                     let d = _mm256_cvtph_ps(_mm_loadu_si128(rec as *const __m128i));
                     let mut w = [_mm256_setzero_si256(); 8];
                     let mut wa = [_mm256_setzero_si256(); 8];
@@ -324,10 +324,17 @@ macro_rules! one_panel_kernels {
     };
 }
 
-one_panel_kernels!(q4x1, q8x1, "avxvnni,avx2,f16c,fma", _mm256_dpbusd_avx_epi32);
+one_panel_kernels!(
+    q4x1,
+    q8x1,
+    "avxvnni,avx2,f16c,fma",
+    _mm256_dpbusd_avx_epi32,
+    PREFETCH_AHEAD
+);
 one_panel_kernels!(
     q4x1_evex,
     q8x1_evex,
     "avx512vnni,avx512vl,avx2,f16c,fma",
-    _mm256_dpbusd_epi32
+    _mm256_dpbusd_epi32,
+    PREFETCH_AHEAD_EVEX
 );

@@ -46,17 +46,25 @@ pub(super) unsafe fn group(a: *const i8) -> __m256i {
 /// this a batch-1 step waited on the weight loads (on the AMX Xeon, `bench-model --batch 1`
 /// on SmolLM2 Q4_1 went from 154–166 to 198–204 tok/s with it; 512, 1024 and 4096 bytes
 /// measured between the two).
-const PREFETCH_AHEAD: usize = 2048;
+pub(super) const PREFETCH_AHEAD: usize = 2048;
 
-/// Asks for the cache lines of the record [`PREFETCH_AHEAD`] bytes after `rec` (`record`
-/// bytes long). Past the panel's end it reaches the next panel or beyond the buffer, which a
-/// prefetch may: it never faults.
+/// The distance for the one-panel kernels in their EVEX form (CPUs with AVX-512 VNNI and no
+/// AVX-VNNI: Zen 4, Ice Lake), measured on one: 4 KiB. On Zen 4 with the Llama-3.2-1B-shaped
+/// files, whose weights stream from memory, both distances run at once (one thread each, so
+/// the host's moving bandwidth hits both alike) and 4 KiB was faster in every pair: Q4_1
+/// 28.2–28.8 against 26.8–27.5 tok/s, Q8_0 18.9–19.7 against 18.4–18.6, SmolLM2 Q4_1 too.
+/// The other paths keep 2 KiB, measured on their own CPUs and not re-measured.
+pub(super) const PREFETCH_AHEAD_EVEX: usize = 4096;
+
+/// Asks for the cache lines of the record `AHEAD` bytes after `rec` (`record` bytes long).
+/// Past the panel's end it reaches the next panel or beyond the buffer, which a prefetch may:
+/// it never faults.
 #[inline(always)]
-pub(super) fn prefetch_ahead(rec: *const u8, record: usize) {
+pub(super) fn prefetch_ahead<const AHEAD: usize>(rec: *const u8, record: usize) {
     let mut at = 0;
     while at < record {
         // SAFETY: a prefetch never faults, and `wrapping_add` makes no in-bounds claim.
-        unsafe { _mm_prefetch::<_MM_HINT_T0>(rec.wrapping_add(PREFETCH_AHEAD + at) as *const i8) };
+        unsafe { _mm_prefetch::<_MM_HINT_T0>(rec.wrapping_add(AHEAD + at) as *const i8) };
         at += 64;
     }
 }
@@ -78,7 +86,7 @@ fn q4<const R: usize, const OFS: bool>(
         let qp: [*const i8; R] = std::array::from_fn(|r| x.q.as_ptr().add(r * x.k));
         let mut rec = panel.as_ptr();
         for b in 0..nb {
-            prefetch_ahead(rec, record);
+            prefetch_ahead::<PREFETCH_AHEAD>(rec, record);
             let d = _mm256_cvtph_ps(_mm_loadu_si128(rec as *const __m128i));
             let m = if OFS {
                 _mm256_cvtph_ps(_mm_loadu_si128(rec.add(2 * COLS) as *const __m128i))
@@ -121,7 +129,7 @@ fn q8<const R: usize>(panel: &[u8], x: &RowsView<'_>, tile: &mut [[f32; COLS]; M
         let qp: [*const i8; R] = std::array::from_fn(|r| x.q.as_ptr().add(r * x.k));
         let mut rec = panel.as_ptr();
         for b in 0..nb {
-            prefetch_ahead(rec, Q8_RECORD);
+            prefetch_ahead::<PREFETCH_AHEAD>(rec, Q8_RECORD);
             let d = _mm256_cvtph_ps(_mm_loadu_si128(rec as *const __m128i));
             let mut w = [_mm256_setzero_si256(); 8];
             let mut wa = [_mm256_setzero_si256(); 8];
