@@ -16,6 +16,8 @@ use std::time::Instant;
 
 use rayon::prelude::*;
 
+use crate::router::quantile;
+
 /// A buffer whose parallel read measures the read bandwidth.
 pub struct ReadProbe {
     src: Vec<f32>,
@@ -133,10 +135,9 @@ pub fn summarize(pairs: &[Pair]) -> Option<Summary> {
     })
 }
 
-/// The upper median (of an even count, the higher middle value), as elsewhere in the bench.
+/// The median (of an even count, the higher middle value; NaN of none), the bench's own.
 fn median(v: &mut [f64]) -> f64 {
-    v.sort_by(f64::total_cmp);
-    v.get(v.len() / 2).copied().unwrap_or(f64::NAN)
+    quantile(v, 0.5)
 }
 
 #[cfg(test)]

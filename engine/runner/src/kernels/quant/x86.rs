@@ -51,8 +51,9 @@ pub(super) const PREFETCH_AHEAD: usize = 2048;
 /// The distance for the one-panel kernels in their EVEX form (CPUs with AVX-512 VNNI and no
 /// AVX-VNNI: Zen 4, Ice Lake), measured on one: 4 KiB. On Zen 4 with the Llama-3.2-1B-shaped
 /// files, whose weights stream from memory, both distances run at once (one thread each, so
-/// the host's moving bandwidth hits both alike) and 4 KiB was faster in every pair: Q4_1
-/// 28.2–28.8 against 26.8–27.5 tok/s, Q8_0 18.9–19.7 against 18.4–18.6, SmolLM2 Q4_1 too.
+/// the host's moving bandwidth hits both alike) and 4 KiB was faster in 10 of 11 pairs: Q4_1
+/// 27.2–28.8 against 25.1–27.5 tok/s, Q8_0 18.9–19.7 against 18.4–18.6, SmolLM2 Q4_1 too;
+/// Q4_0 one pair slower (20.4 against 22.5), one faster (26.9 against 23.2).
 /// The other paths keep 2 KiB, measured on their own CPUs and not re-measured.
 pub(super) const PREFETCH_AHEAD_EVEX: usize = 4096;
 
