@@ -32,6 +32,11 @@
 #   NPREDICT=128  WEIGHTS=as-file (tidegate --weights)  BIN=target/release/tidegate-engine
 #   KV_BLOCKS=4096 (tidegate --kv-blocks; 2048 for the Llama shapes)
 #   PEER_CACHE=$HOME/.cache/peer-llamacpp (as the peer script)  OUT=<dir for raw results>
+#   CPU_CLASS=avx2: both servers run what an AVX2-only CPU (Zen 3, Haswell to Comet Lake) runs,
+#     on a CPU with more: tidegate with --cpu-kernels avx2 (every kernel family at AVX2 width),
+#     llama.cpp with its ggml `haswell` CPU variant the only one it can load (the others are
+#     hidden from it by a private mount), so an AVX-512 machine can check that configuration.
+#     Unset: each server picks the best its CPU has.
 # Build first: cargo build --release -p tidegate-engine
 set -euo pipefail
 
@@ -53,6 +58,13 @@ case "${MODEL}" in
   *) echo "MODEL=${MODEL}: expected smollm2, llama1b or llama3b" >&2; exit 2 ;;
 esac
 OUT="${OUT:-$(mktemp -d /tmp/bench-vs-llamacpp.XXXXXX)}"
+CPU_CLASS="${CPU_CLASS:-}"
+case "${CPU_CLASS}" in
+  "") GGML_CPU="" ;;
+  avx2) GGML_CPU=haswell; export TIDEGATE_CPU_KERNELS=avx2 ;;
+  *) echo "CPU_CLASS=${CPU_CLASS}: expected avx2 (or unset)" >&2; exit 2 ;;
+esac
+GGML_DIR="${CHROOT}/usr/lib/x86_64-linux-gnu/ggml/backends0"
 LLAMA_PORT=18080
 TG_PORT=18090
 mkdir -p "${OUT}"
@@ -122,13 +134,35 @@ wait_healthy() {  # $1 = url, $2 = log
   echo "server did not become ready: $1" >&2; exit 1
 }
 
+# With CPU_CLASS, llama.cpp sees a backends folder holding only the ggml CPU variant that
+# class picks (ggml loads the best-scoring variant it finds; the chroot itself is untouched).
+ggml_only_dir() {
+  local d="${OUT}/ggml-${GGML_CPU}"
+  [[ -f "${GGML_DIR}/libggml-cpu-${GGML_CPU}.so" ]] \
+    || { echo "no ggml CPU variant ${GGML_CPU} in ${GGML_DIR}" >&2; exit 1; }
+  mkdir -p "${d}" && cp -f "${GGML_DIR}/libggml-cpu-${GGML_CPU}.so" "${d}/"
+  printf '%s' "${d}"
+}
+
 start_llama() {  # $1 = format
-  chroot "${CHROOT}" llama-server -m "/models/${MODEL_BASE}.$1.gguf" --host 127.0.0.1 --port "${LLAMA_PORT}" \
-    -np 32 -c 16384 --threads "${THREADS}" --threads-batch "${THREADS}" --cont-batching \
-    --seed 1234 -a "${MODEL}-$1" --no-webui >"${OUT}/llama-$1.log" 2>&1 &
+  local run=(chroot "${CHROOT}" llama-server -m "/models/${MODEL_BASE}.$1.gguf" --host 127.0.0.1
+    --port "${LLAMA_PORT}" -np 32 -c 16384 --threads "${THREADS}" --threads-batch "${THREADS}"
+    --cont-batching --seed 1234 -a "${MODEL}-$1" --no-webui)
+  if [[ -n "${GGML_CPU}" ]]; then
+    # exec keeps the server's pid the one stop_server kills.
+    unshare -m sh -c 'mount --bind "$0" "$1" && shift && exec "$@"' \
+      "$(ggml_only_dir)" "${GGML_DIR}" "${run[@]}" >"${OUT}/llama-$1.log" 2>&1 &
+  else
+    "${run[@]}" >"${OUT}/llama-$1.log" 2>&1 &
+  fi
   SERVER_PID=$!
   URL="http://127.0.0.1:${LLAMA_PORT}"
   wait_healthy "${URL}/health" "${OUT}/llama-$1.log"
+  # Which ggml CPU variant the server mapped (it does not log it), kept beside its log.
+  grep -o 'libggml-cpu-[a-z0-9_]*\.so' "/proc/${SERVER_PID}/maps" | sort -u >"${OUT}/llama-$1.ggml-cpu" || true
+  if [[ -n "${GGML_CPU}" ]] && [[ "$(cat "${OUT}/llama-$1.ggml-cpu")" != "libggml-cpu-${GGML_CPU}.so" ]]; then
+    echo "llama.cpp loaded $(cat "${OUT}/llama-$1.ggml-cpu"), not the ggml ${GGML_CPU} variant alone" >&2; exit 1
+  fi
 }
 
 start_tidegate() {  # $1 = format
@@ -173,8 +207,8 @@ done
 
 echo
 READ_GBS="$(awk '/^memory bandwidth/{print $4}' "${OUT}/bandwidth.txt" | sort -n | awk '{v[NR]=$1} END{print v[int((NR+1)/2)]}')"
-echo "== ${MODEL_BASE}: tidegate-engine (--weights ${WEIGHTS}) vs llama.cpp llama-server, ${THREADS} threads, ${NPREDICT}-token requests, ${REPS} alternated reps =="
-echo "   CPU: $(awk -F': ' '/^model name/{print $2; exit}' /proc/cpuinfo); $(grep -m1 '^kernel sets' "${OUT}/bandwidth.txt"); read bandwidth ${READ_GBS} GB/s (median of $(grep -c '^memory bandwidth' "${OUT}/bandwidth.txt"))"
+echo "== ${MODEL_BASE}: tidegate-engine (--weights ${WEIGHTS}) vs llama.cpp llama-server, ${THREADS} threads, ${NPREDICT}-token requests, ${REPS} alternated reps${CPU_CLASS:+, CPU_CLASS=${CPU_CLASS} (llama.cpp: ggml ${GGML_CPU})} =="
+echo "   CPU: $(awk -F': ' '/^model name/{print $2; exit}' /proc/cpuinfo); $(grep -m1 '^kernel sets' "${OUT}/bandwidth.txt"); read bandwidth ${READ_GBS} GB/s (median of $(grep -c '^memory bandwidth' "${OUT}/bandwidth.txt")); llama.cpp ran $(cat "${OUT}"/llama-*.ggml-cpu 2>/dev/null | sort -u | tr '\n' ' ')"
 python3 - "${OUT}" "${FORMATS}" "${REPS}" "${READ_GBS}" "${CHROOT}/models/${MODEL_BASE}" <<'PY'
 import json, os, statistics, sys
 out, formats, reps = sys.argv[1], sys.argv[2].split(), int(sys.argv[3])

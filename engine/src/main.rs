@@ -12,8 +12,9 @@ struct Cli {
     #[command(subcommand)]
     command: Command,
     /// Highest quantized CPU kernel set to use (amx, avx512-vnni, avx-vnni, avx2, portable); the
-    /// default is the best this CPU has that passes its start-up check. For comparing
-    /// kernels on one machine.
+    /// default is the best this CPU has that passes its start-up check. The f32 matmul,
+    /// attention and activation kernels are held to the width a CPU with that set has
+    /// (avx2: 8 lanes, as on an AVX2-only CPU). For comparing kernels on one machine.
     #[arg(long, global = true, env = "TIDEGATE_CPU_KERNELS", value_parser = parse_kernels)]
     cpu_kernels: Option<tidegate_runner::kernels::quant::Isa>,
 }

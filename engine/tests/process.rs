@@ -1,7 +1,8 @@
 //! The real binary: `serve --fake-model` refuses to start without an admin token, a device
 //! this build cannot use is refused at once, a drain through the admin API ends the
 //! process with exit code 0, and `bench --random-config` runs random weights of a config's
-//! shapes through the candle runner and the engine loop (or names what is wrong with it).
+//! shapes through the candle runner and the engine loop (or names what is wrong with it),
+//! and `--cpu-kernels` lowers the float kernels with the int8 ones.
 
 // Test helpers outside #[test] functions: unwrap is the point here.
 #![allow(clippy::unwrap_used)]
@@ -190,4 +191,40 @@ async fn admin_drain_exits_zero() {
         tokio::time::sleep(Duration::from_millis(50)).await;
     };
     assert!(status.success(), "{status}");
+}
+
+/// `--cpu-kernels SET bench-model --bandwidth-only`: its `kernel sets` line.
+fn kernel_sets_under(cap: &str) -> Result<String, String> {
+    let out = Command::new(BIN)
+        .args(["--cpu-kernels", cap, "bench-model", "--bandwidth-only"])
+        .env_remove("TIDEGATE_CPU_KERNELS")
+        .output()
+        .unwrap();
+    if !out.status.success() {
+        return Err(String::from_utf8_lossy(&out.stderr).into_owned());
+    }
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    let line = stdout.lines().find(|l| l.starts_with("kernel sets:"));
+    Ok(line.unwrap_or_default().to_string())
+}
+
+/// The cap holds every kernel family to what a CPU with that int8 set has, so an AVX-512
+/// machine runs an AVX2-only CPU's paths under `--cpu-kernels avx2`.
+#[test]
+fn cpu_kernels_caps_the_float_kernels_too() {
+    assert_eq!(
+        kernel_sets_under("portable").unwrap(),
+        "kernel sets: int8 portable, f32 portable"
+    );
+    #[cfg(target_arch = "x86_64")]
+    {
+        use std::arch::is_x86_feature_detected as has;
+        let avx2 = kernel_sets_under("avx2");
+        if has!("avx2") && has!("fma") && has!("f16c") {
+            assert_eq!(avx2.unwrap(), "kernel sets: int8 avx2, f32 avx2");
+        } else {
+            let err = avx2.unwrap_err();
+            assert!(err.contains("this CPU lacks its instructions"), "{err}");
+        }
+    }
 }

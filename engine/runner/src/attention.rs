@@ -77,17 +77,16 @@ enum Path {
 }
 
 impl Path {
-    /// The widest path this CPU and these shapes allow.
+    /// The widest path this CPU (at the width `--cpu-kernels` leaves it) and these shapes
+    /// allow.
     fn detect(head_dim: usize, block_size: usize) -> Path {
+        use crate::kernels::width::Width;
         let blocks = head_dim.is_multiple_of(16) && block_size == 16;
-        if has_avx512() && blocks {
-            Path::Avx512
-        } else if has_avx2_fma() && has_f16c() && blocks {
-            Path::Avx2
-        } else if has_avx2_fma() {
-            Path::Avx2Loops
-        } else {
-            Path::Portable
+        match Width::selected() {
+            Width::Avx512 if blocks => Path::Avx512,
+            Width::Avx512 | Width::Avx2 if blocks && has_f16c() => Path::Avx2,
+            Width::Avx512 | Width::Avx2 => Path::Avx2Loops,
+            Width::Portable => Path::Portable,
         }
     }
 }
@@ -167,6 +166,7 @@ fn attend_all<E: Elem>(path: Path, at: &Batch<'_>, (k, v): (&[E], &[E]), out: &m
     });
 }
 
+#[cfg(test)]
 fn has_avx2_fma() -> bool {
     #[cfg(target_arch = "x86_64")]
     {
@@ -182,17 +182,6 @@ fn has_f16c() -> bool {
     #[cfg(target_arch = "x86_64")]
     {
         std::arch::is_x86_feature_detected!("f16c")
-    }
-    #[cfg(not(target_arch = "x86_64"))]
-    {
-        false
-    }
-}
-
-fn has_avx512() -> bool {
-    #[cfg(target_arch = "x86_64")]
-    {
-        std::arch::is_x86_feature_detected!("avx512f")
     }
     #[cfg(not(target_arch = "x86_64"))]
     {
@@ -319,7 +308,7 @@ mod avx2_loops {
         wide: &mut Vec<f32>,
         o: &mut [f32],
     ) {
-        // SAFETY: the caller checked avx2 and fma (`has_avx2_fma`); the body is safe code.
+        // SAFETY: the caller checked avx2 and fma (`Width::selected`); the body is safe code.
         unsafe { attend_avx2(job, scores, wide, o) }
     }
 }

@@ -208,19 +208,13 @@ enum Isa {
 }
 
 impl Isa {
+    /// The CPU's widest, or what `--cpu-kernels` lowered it to ([`super::width`]).
     fn detect() -> Isa {
-        #[cfg(target_arch = "x86_64")]
-        {
-            if std::arch::is_x86_feature_detected!("avx512f") {
-                return Isa::Avx512;
-            }
-            if std::arch::is_x86_feature_detected!("avx2")
-                && std::arch::is_x86_feature_detected!("fma")
-            {
-                return Isa::Avx2;
-            }
+        match super::width::Width::selected() {
+            super::width::Width::Avx512 => Isa::Avx512,
+            super::width::Width::Avx2 => Isa::Avx2,
+            super::width::Width::Portable => Isa::Portable,
         }
-        Isa::Portable
     }
 }
 

@@ -12,6 +12,7 @@ pub mod quant;
 pub(crate) mod team;
 #[cfg(target_arch = "x86_64")]
 pub(crate) mod vector_math;
+pub mod width;
 
 pub use matmul::{PackedMatrix, matmul_xwt};
 pub use quant::{QFormat, QuantMatrix};

@@ -39,16 +39,15 @@ pub fn rope_row(row: &mut [f32], head_dim: usize, pos: usize, inv_freq: &[f64], 
 }
 
 /// `out[i] = silu(gate[i]) * up[i]`: on 16 lanes where the CPU has AVX-512, on 8 where it
-/// has AVX2 and FMA.
+/// has AVX2 and FMA (the width [`super::width`] selects).
 pub fn silu_mul(gate: &[f32], up: &[f32], out: &mut [f32]) {
     #[cfg(target_arch = "x86_64")]
     {
-        if std::arch::is_x86_feature_detected!("avx512f") {
-            return super::vector_math::silu_mul(gate, up, out);
-        }
-        if std::arch::is_x86_feature_detected!("avx2") && std::arch::is_x86_feature_detected!("fma")
-        {
-            return super::vector_math::silu_mul256(gate, up, out);
+        use super::width::Width;
+        match Width::selected() {
+            Width::Avx512 => return super::vector_math::silu_mul(gate, up, out),
+            Width::Avx2 => return super::vector_math::silu_mul256(gate, up, out),
+            Width::Portable => {}
         }
     }
     silu_mul_portable(gate, up, out)

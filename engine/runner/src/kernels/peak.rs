@@ -32,12 +32,11 @@ pub fn fma_peak_flops() -> f64 {
 fn pick() -> (usize, fn(usize) -> f32) {
     #[cfg(target_arch = "x86_64")]
     {
-        if std::arch::is_x86_feature_detected!("avx512f") {
-            return (16, x86::chains_avx512);
-        }
-        if std::arch::is_x86_feature_detected!("avx2") && std::arch::is_x86_feature_detected!("fma")
-        {
-            return (8, x86::chains_avx2);
+        use super::width::Width;
+        match Width::selected() {
+            Width::Avx512 => return (16, x86::chains_avx512),
+            Width::Avx2 => return (8, x86::chains_avx2),
+            Width::Portable => {}
         }
     }
     (1, chains_scalar)

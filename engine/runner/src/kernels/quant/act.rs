@@ -76,11 +76,11 @@ impl QuantRows {
 fn quantize_row(x: &[f32], q: &mut [i8], d: &mut [f32], s: &mut [f32]) {
     #[cfg(target_arch = "x86_64")]
     {
-        if std::arch::is_x86_feature_detected!("avx512f") {
-            return x86::quantize_row(x, q, d, s);
-        }
-        if std::arch::is_x86_feature_detected!("avx2") {
-            return x86_avx2::quantize_row(x, q, d, s);
+        use crate::kernels::width::Width;
+        match Width::selected() {
+            Width::Avx512 => return x86::quantize_row(x, q, d, s),
+            Width::Avx2 => return x86_avx2::quantize_row(x, q, d, s),
+            Width::Portable => {}
         }
     }
     quantize_row_portable(x, q, d, s)

@@ -161,7 +161,8 @@ impl std::fmt::Display for Isa {
 }
 
 /// Caps the process's choice at `cap` (`--cpu-kernels`, for comparing kernels on one
-/// machine); call before the first matmul. Errors when the CPU lacks `cap`, or when the
+/// machine), and the float kernels at the width a CPU whose best set is `cap` has
+/// ([`crate::kernels::width`]); call before the first matmul. Errors when the CPU lacks `cap`, or when the
 /// kernels were already chosen.
 pub fn set_cap(cap: Isa) -> Result<(), String> {
     if !cap.available() {
@@ -181,7 +182,7 @@ pub fn set_cap(cap: Isa) -> Result<(), String> {
     if SELECTED.get().is_some() || CAP.set(cap).is_err() {
         return Err("--cpu-kernels: the kernels were already chosen".into());
     }
-    Ok(())
+    crate::kernels::width::set_cap(cap)
 }
 
 /// The best available kernel at or below `cap` that passes [`self_check`].
