@@ -14,6 +14,7 @@
 //! never rounded (which `vdpbf16ps` and AMX-BF16 would do).
 
 use super::out_ptr::{OutPtr, for_panel_ranges};
+use super::width::Width;
 
 /// Output columns per panel.
 pub const NR: usize = 32;
@@ -121,10 +122,10 @@ impl PackedMatrix {
         if m == 0 || n == 0 {
             return;
         }
-        self.matmul_with(Isa::detect(), x, m, y);
+        self.matmul_with(Width::selected(), x, m, y);
     }
 
-    fn matmul_with(&self, isa: Isa, x: &[f32], m: usize, y: &mut [f32]) {
+    fn matmul_with(&self, isa: Width, x: &[f32], m: usize, y: &mut [f32]) {
         match &self.data {
             Panels::F32(d) => self.matmul_panels(d, isa, x, m, y),
             Panels::Bf16(d) => self.matmul_panels(d, isa, x, m, y),
@@ -134,7 +135,7 @@ impl PackedMatrix {
     fn matmul_panels<E: PanelElem>(
         &self,
         data: &[E],
-        isa: Isa,
+        isa: Width,
         x: &[f32],
         m: usize,
         y: &mut [f32],
@@ -149,7 +150,7 @@ impl PackedMatrix {
     fn run_panels<E: PanelElem>(
         &self,
         data: &[E],
-        isa: Isa,
+        isa: Width,
         x: &[f32],
         m: usize,
         p0: usize,
@@ -191,31 +192,10 @@ pub fn matmul_xwt(x: &[f32], m: usize, w: &[f32], n: usize, k: usize, y: &mut [f
     PackedMatrix::pack(w, n, k).matmul(x, m, y);
 }
 
-/// The f32 kernel this CPU runs (`avx512`, `avx2` or `portable`).
+/// The f32 kernel this CPU runs (`avx512`, `avx2` or `portable`), at the width
+/// `--cpu-kernels` leaves it ([`super::width`]).
 pub fn isa_name() -> &'static str {
-    match Isa::detect() {
-        Isa::Avx512 => "avx512",
-        Isa::Avx2 => "avx2",
-        Isa::Portable => "portable",
-    }
-}
-
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum Isa {
-    Avx512,
-    Avx2,
-    Portable,
-}
-
-impl Isa {
-    /// The CPU's widest, or what `--cpu-kernels` lowered it to ([`super::width`]).
-    fn detect() -> Isa {
-        match super::width::Width::selected() {
-            super::width::Width::Avx512 => Isa::Avx512,
-            super::width::Width::Avx2 => Isa::Avx2,
-            super::width::Width::Portable => Isa::Portable,
-        }
-    }
+    Width::selected().name()
 }
 
 /// A panel element type and its register-tile kernel on each instruction set.
@@ -223,7 +203,7 @@ trait PanelElem: Copy + Sync {
     /// `tile[r][j] (+)= Σ_t x[r·ldx + t] · panel[t][j]` (see [`tile_portable`]) on `isa`.
     #[allow(clippy::too_many_arguments)]
     fn tile(
-        isa: Isa,
+        isa: Width,
         x: &[f32],
         ldx: usize,
         rows: usize,
@@ -236,7 +216,7 @@ trait PanelElem: Copy + Sync {
 
 impl PanelElem for f32 {
     fn tile(
-        isa: Isa,
+        isa: Width,
         x: &[f32],
         k: usize,
         rows: usize,
@@ -247,9 +227,9 @@ impl PanelElem for f32 {
     ) {
         match isa {
             #[cfg(target_arch = "x86_64")]
-            Isa::Avx512 => x86::tile_avx512(x, k, rows, ps, kn, tile, acc),
+            Width::Avx512 => x86::tile_avx512(x, k, rows, ps, kn, tile, acc),
             #[cfg(target_arch = "x86_64")]
-            Isa::Avx2 => x86::tile_avx2(x, k, rows, ps, kn, tile, acc),
+            Width::Avx2 => x86::tile_avx2(x, k, rows, ps, kn, tile, acc),
             _ => tile_portable(x, k, rows, ps, kn, tile, acc, |w| w),
         }
     }
@@ -258,7 +238,7 @@ impl PanelElem for f32 {
 /// bf16 panels (the upper 16 bits of each f32).
 impl PanelElem for u16 {
     fn tile(
-        isa: Isa,
+        isa: Width,
         x: &[f32],
         k: usize,
         rows: usize,
@@ -269,9 +249,9 @@ impl PanelElem for u16 {
     ) {
         match isa {
             #[cfg(target_arch = "x86_64")]
-            Isa::Avx512 => x86_bf16::tile_avx512(x, k, rows, ps, kn, tile, acc),
+            Width::Avx512 => x86_bf16::tile_avx512(x, k, rows, ps, kn, tile, acc),
             #[cfg(target_arch = "x86_64")]
-            Isa::Avx2 => x86_bf16::tile_avx2(x, k, rows, ps, kn, tile, acc),
+            Width::Avx2 => x86_bf16::tile_avx2(x, k, rows, ps, kn, tile, acc),
             _ => tile_portable(x, k, rows, ps, kn, tile, acc, bf16_to_f32),
         }
     }
@@ -550,7 +530,7 @@ mod tests {
         y
     }
 
-    fn check(isa: Isa) {
+    fn check(isa: Width) {
         for &(m, n, k) in &[
             (1, 1, 1),
             (1, 37, 19),
@@ -578,7 +558,7 @@ mod tests {
     }
 
     /// bf16 panels give bit for bit the f32 result on the widened weights, on `isa`.
-    fn check_bf16(isa: Isa) {
+    fn check_bf16(isa: Width) {
         for &(m, n, k) in &[(1, 37, 19), (3, 70, 300), (13, 129, 64), (32, 200, 96)] {
             let x: Vec<f32> = (0..m * k)
                 .map(|i| ((i * 7 % 13) as f32 - 6.1) / 7.3)
@@ -611,17 +591,17 @@ mod tests {
     }
 
     /// Every path this CPU can run, the portable one first.
-    fn available() -> Vec<Isa> {
-        let mut isas = vec![Isa::Portable];
+    fn available() -> Vec<Width> {
+        let mut isas = vec![Width::Portable];
         #[cfg(target_arch = "x86_64")]
         {
             if std::arch::is_x86_feature_detected!("avx2")
                 && std::arch::is_x86_feature_detected!("fma")
             {
-                isas.push(Isa::Avx2);
+                isas.push(Width::Avx2);
             }
             if std::arch::is_x86_feature_detected!("avx512f") {
-                isas.push(Isa::Avx512);
+                isas.push(Width::Avx512);
             }
         }
         isas

@@ -28,7 +28,7 @@ pub enum Width {
 static CAP: OnceLock<Width> = OnceLock::new();
 
 impl Width {
-    /// The name `describe` prints for the f32 kernels.
+    /// The name `describe` prints for the f32 kernels (`matmul::isa_name`).
     pub fn name(self) -> &'static str {
         match self {
             Width::Avx512 => "avx512",
@@ -72,24 +72,17 @@ impl Width {
     pub fn selected() -> Width {
         Width::under(Width::detect(), CAP.get().copied())
     }
-
-    /// Whether the selected width is at least `w` (the kernels' dispatch test).
-    pub fn allows(w: Width) -> bool {
-        Width::selected() <= w
-    }
 }
 
 /// Lowers the float kernels to what a CPU whose best int8 set is `isa` has (`--cpu-kernels`;
 /// [`super::quant::set_cap`] calls it). A second call with another cap is refused.
 pub(super) fn set_cap(isa: Isa) -> Result<(), String> {
     let cap = Width::implied_by(isa);
-    match CAP.get() {
-        Some(c) if *c == cap => Ok(()),
-        Some(_) => Err("--cpu-kernels: the float kernels' width was already set".into()),
-        None => CAP
-            .set(cap)
-            .map_err(|_| "--cpu-kernels: the float kernels' width was already set".into()),
+    if CAP.get() == Some(&cap) {
+        return Ok(());
     }
+    CAP.set(cap)
+        .map_err(|_| "--cpu-kernels: the float kernels' width was already set".into())
 }
 
 #[cfg(test)]

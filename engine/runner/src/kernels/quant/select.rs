@@ -162,8 +162,8 @@ impl std::fmt::Display for Isa {
 
 /// Caps the process's choice at `cap` (`--cpu-kernels`, for comparing kernels on one
 /// machine), and the float kernels at the width a CPU whose best set is `cap` has
-/// ([`crate::kernels::width`]); call before the first matmul. Errors when the CPU lacks `cap`, or when the
-/// kernels were already chosen.
+/// ([`crate::kernels::width`]); call before the first matmul. Errors when the CPU lacks
+/// `cap`, or when the kernels were already chosen.
 pub fn set_cap(cap: Isa) -> Result<(), String> {
     if !cap.available() {
         let have: Vec<_> = ALL
