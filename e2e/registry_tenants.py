@@ -6,6 +6,7 @@ count, the newest admission, then front-coded ids.
 
     registry_tenants.py FILE|-
 """
+import os
 import sys
 import zlib
 
@@ -48,7 +49,12 @@ def main() -> int:
         print(__doc__.strip().splitlines()[-1].strip(), file=sys.stderr)
         return 2
     raw = sys.stdin.buffer.read() if sys.argv[1] == "-" else open(sys.argv[1], "rb").read()
-    print("\n".join(tenants(raw)))
+    try:
+        print("\n".join(tenants(raw)), flush=True)
+    except BrokenPipeError:
+        # A reader that stops early (`grep -q`, `grep -m1`) is not an error: with the
+        # callers' pipefail it would turn a match into a failure.
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
     return 0
 
 

@@ -1,7 +1,10 @@
 //! How a policy moved the pool, from its replica timeline: reversals and overshoot.
 //!
-//! - A reversal is a scale-up followed by a scale-down within `REVERSAL_WINDOW_S`, or the
-//!   reverse: the flapping a steady load must not show.
+//! - A reversal is a move of the replica count in the direction opposite to the move before,
+//!   within `REVERSAL_WINDOW_S` of it: the flapping a steady load must not show. Counted per
+//!   change of direction, as the local summary counts them; until this release every step
+//!   of a climb that followed a step down counted once more (a burst met in seven steps after
+//!   a one-replica scale-down was seven reversals).
 //! - Overshoot at time t is what the policy had ordered beyond what it still held a while
 //!   later: current(t) − the most it ran in [t + 10 min, t + 20 min]. Replicas ordered and
 //!   given back within that time were beyond the eventual requirement. A slow tide also
@@ -30,21 +33,25 @@ const LATER_FROM_S: f64 = 600.0;
 /// ... up to this long after.
 const LATER_TO_S: f64 = 1200.0;
 
-/// Scale-ups followed by a scale-down (or the reverse) within the window.
+/// Direction changes of the replica count within `REVERSAL_WINDOW_S` of the move before.
 pub fn reversals(timeline: &[TimePoint]) -> u64 {
-    let mut last_up: Option<f64> = None;
-    let mut last_down: Option<f64> = None;
+    reversals_within(timeline, REVERSAL_WINDOW_S)
+}
+
+/// Moves whose direction is the opposite of the move before, within `window_s` of it. A
+/// climb of several steps after one step down is one reversal, not one per step: the steps
+/// of one move (a rate window filling, `maxScaleUpStep`) are not flapping.
+pub fn reversals_within(timeline: &[TimePoint], window_s: f64) -> u64 {
+    let mut last: Option<(bool, f64)> = None;
     let mut n = 0;
     for w in timeline.windows(2) {
         let (a, b) = (&w[0], &w[1]);
-        let t = b.t_s;
-        if b.current > a.current {
-            n += u64::from(last_down.is_some_and(|d| t - d <= REVERSAL_WINDOW_S));
-            last_up = Some(t);
-        } else if b.current < a.current {
-            n += u64::from(last_up.is_some_and(|u| t - u <= REVERSAL_WINDOW_S));
-            last_down = Some(t);
+        if b.current == a.current {
+            continue;
         }
+        let up = b.current > a.current;
+        n += u64::from(last.is_some_and(|(was_up, t)| was_up != up && b.t_s - t <= window_s));
+        last = Some((up, b.t_s));
     }
     n
 }
@@ -97,6 +104,11 @@ mod tests {
         assert_eq!(reversals(&slow), 0);
         let monotone = timeline(&[(0.0, 5), (60.0, 6), (120.0, 8)]);
         assert_eq!(reversals(&monotone), 0);
+        // One step down, then a burst met in four steps: one change of direction.
+        let climb = timeline(&[(0.0, 6), (60.0, 5), (120.0, 6), (180.0, 7), (240.0, 9)]);
+        assert_eq!(reversals(&climb), 1);
+        let flapping = timeline(&[(0.0, 5), (60.0, 6), (120.0, 5), (180.0, 6), (240.0, 5)]);
+        assert_eq!(reversals(&flapping), 3);
         assert_eq!(reversals(&[]), 0);
     }
 

@@ -264,8 +264,9 @@ existing = tenant admitted within the 24h memory window, new = not; \
 ref pause/rate/overload: refused by the new-tenant pause, per-tenant rate limits, full queues; \
 ovl exist: overload refusals of existing tenants; timeout exist: existing tenants' requests the \
 engines dropped for waiting past their tier's target (as the engine's scheduler does); react: step start → first scale-up decision; \
-scales: control ticks that changed the replica count; rev: reversals (a scale-up followed by \
-a scale-down within 10 min, or the reverse); overshoot: replicas ordered beyond what the policy \
+scales: control ticks that changed the replica count; rev: reversals (changes of direction \
+of the replica count within 10 min of the move before: a climb of several steps after a step \
+down is one); overshoot: replicas ordered beyond what the policy \
 still ran 10–20 min later (worst case) / its max step; GPU-h includes start-up and draining.
 pool: 1 GPU/pod, max batch 16, ITL 20ms + 1.875ms × batch (T = 320 tok/s; tidegate learns it \
 from the engines' inter-token latency), queue 64/pod, \

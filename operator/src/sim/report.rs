@@ -210,7 +210,7 @@ pub struct RunResult {
     /// Seconds from the step to the first scale-up decision (traces with a step).
     pub react_s: Option<f64>,
     pub scale_events: u64,
-    /// A scale-up followed by a scale-down within 10 minutes, or the reverse.
+    /// Changes of direction of the replica count within 10 minutes of the move before.
     pub reversals: u64,
     /// Replicas ordered beyond what the policy still ran 10–20 minutes later (worst case).
     pub worst_overshoot: i32,

@@ -9,15 +9,11 @@ fn run_one(kind: TraceKind, policy: PolicyKind, cfg: &SimConfig) -> RunOutput {
     run(&trace, policy, cfg).expect("run")
 }
 
-/// Direction reversals of the replica count after `from_s` (a scale-down spread over a few
-/// ticks by maxScaleDownStep is one move, not several).
-fn reversals(timeline: &[TimePoint], from_s: f64) -> usize {
-    let moves: Vec<bool> = timeline
-        .windows(2)
-        .filter(|w| w[0].t_s >= from_s && w[1].current != w[0].current)
-        .map(|w| w[1].current > w[0].current)
-        .collect();
-    moves.windows(2).filter(|m| m[0] != m[1]).count()
+/// Direction reversals of the replica count after `from_s`, however far apart (a scale-down
+/// spread over a few ticks by maxScaleDownStep is one move, not several).
+fn reversals(timeline: &[TimePoint], from_s: f64) -> u64 {
+    let start = timeline.partition_point(|p| p.t_s < from_s);
+    dynamics::reversals_within(&timeline[start..], f64::INFINITY)
 }
 
 #[test]
