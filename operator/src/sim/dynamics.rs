@@ -2,9 +2,8 @@
 //!
 //! - A reversal is a move of the replica count in the direction opposite to the move before,
 //!   within `REVERSAL_WINDOW_S` of it: the flapping a steady load must not show. Counted per
-//!   change of direction, as the local summary counts them; until this release every step
-//!   of a climb that followed a step down counted once more (a burst met in seven steps after
-//!   a one-replica scale-down was seven reversals).
+//!   change of direction, as the local summary counts them, so the steps of one climb count
+//!   once.
 //! - Overshoot at time t is what the policy had ordered beyond what it still held a while
 //!   later: current(t) − the most it ran in [t + 10 min, t + 20 min]. Replicas ordered and
 //!   given back within that time were beyond the eventual requirement. A slow tide also

@@ -125,23 +125,23 @@ impl PackedMatrix {
         self.matmul_with(Width::selected(), x, m, y);
     }
 
-    fn matmul_with(&self, isa: Width, x: &[f32], m: usize, y: &mut [f32]) {
+    fn matmul_with(&self, width: Width, x: &[f32], m: usize, y: &mut [f32]) {
         match &self.data {
-            Panels::F32(d) => self.matmul_panels(d, isa, x, m, y),
-            Panels::Bf16(d) => self.matmul_panels(d, isa, x, m, y),
+            Panels::F32(d) => self.matmul_panels(d, width, x, m, y),
+            Panels::Bf16(d) => self.matmul_panels(d, width, x, m, y),
         }
     }
 
     fn matmul_panels<E: PanelElem>(
         &self,
         data: &[E],
-        isa: Width,
+        width: Width,
         x: &[f32],
         m: usize,
         y: &mut [f32],
     ) {
         for_panel_ranges(self.n.div_ceil(NR), 1, m, y, |p0, p1, out| {
-            self.run_panels(data, isa, x, m, p0, p1, out)
+            self.run_panels(data, width, x, m, p0, p1, out)
         });
     }
 
@@ -150,7 +150,7 @@ impl PackedMatrix {
     fn run_panels<E: PanelElem>(
         &self,
         data: &[E],
-        isa: Width,
+        width: Width,
         x: &[f32],
         m: usize,
         p0: usize,
@@ -173,7 +173,7 @@ impl PackedMatrix {
                     let r0 = ti * MR;
                     let rows = MR.min(m - r0);
                     let xs = &x[r0 * k + kc..(r0 + rows - 1) * k + kc + kn];
-                    E::tile(isa, xs, k, rows, ps, kn, tile, kc > 0);
+                    E::tile(width, xs, k, rows, ps, kn, tile, kc > 0);
                 }
                 kc += kn;
             }
@@ -200,10 +200,10 @@ pub fn isa_name() -> &'static str {
 
 /// A panel element type and its register-tile kernel on each instruction set.
 trait PanelElem: Copy + Sync {
-    /// `tile[r][j] (+)= Σ_t x[r·ldx + t] · panel[t][j]` (see [`tile_portable`]) on `isa`.
+    /// `tile[r][j] (+)= Σ_t x[r·ldx + t] · panel[t][j]` (see [`tile_portable`]) on `width`.
     #[allow(clippy::too_many_arguments)]
     fn tile(
-        isa: Width,
+        width: Width,
         x: &[f32],
         ldx: usize,
         rows: usize,
@@ -216,7 +216,7 @@ trait PanelElem: Copy + Sync {
 
 impl PanelElem for f32 {
     fn tile(
-        isa: Width,
+        width: Width,
         x: &[f32],
         k: usize,
         rows: usize,
@@ -225,7 +225,7 @@ impl PanelElem for f32 {
         tile: &mut [f32; MR * NR],
         acc: bool,
     ) {
-        match isa {
+        match width {
             #[cfg(target_arch = "x86_64")]
             Width::Avx512 => x86::tile_avx512(x, k, rows, ps, kn, tile, acc),
             #[cfg(target_arch = "x86_64")]
@@ -238,7 +238,7 @@ impl PanelElem for f32 {
 /// bf16 panels (the upper 16 bits of each f32).
 impl PanelElem for u16 {
     fn tile(
-        isa: Width,
+        width: Width,
         x: &[f32],
         k: usize,
         rows: usize,
@@ -247,7 +247,7 @@ impl PanelElem for u16 {
         tile: &mut [f32; MR * NR],
         acc: bool,
     ) {
-        match isa {
+        match width {
             #[cfg(target_arch = "x86_64")]
             Width::Avx512 => x86_bf16::tile_avx512(x, k, rows, ps, kn, tile, acc),
             #[cfg(target_arch = "x86_64")]
@@ -530,7 +530,7 @@ mod tests {
         y
     }
 
-    fn check(isa: Width) {
+    fn check(width: Width) {
         for &(m, n, k) in &[
             (1, 1, 1),
             (1, 37, 19),
@@ -546,19 +546,19 @@ mod tests {
                 .collect();
             let p = PackedMatrix::pack(&w, n, k);
             let mut y = vec![0f32; m * n];
-            p.matmul_with(isa, &x, m, &mut y);
+            p.matmul_with(width, &x, m, &mut y);
             let want = naive(&x, m, &w, n, k);
             for (a, b) in y.iter().zip(&want) {
                 assert!(
                     (a - b).abs() < 1e-4 * (1.0 + b.abs()),
-                    "{isa:?} {m}x{n}x{k}: {a} vs {b}"
+                    "{width:?} {m}x{n}x{k}: {a} vs {b}"
                 );
             }
         }
     }
 
-    /// bf16 panels give bit for bit the f32 result on the widened weights, on `isa`.
-    fn check_bf16(isa: Width) {
+    /// bf16 panels give bit for bit the f32 result on the widened weights, on `width`.
+    fn check_bf16(width: Width) {
         for &(m, n, k) in &[(1, 37, 19), (3, 70, 300), (13, 129, 64), (32, 200, 96)] {
             let x: Vec<f32> = (0..m * k)
                 .map(|i| ((i * 7 % 13) as f32 - 6.1) / 7.3)
@@ -568,9 +568,9 @@ mod tests {
                 .collect();
             let widened: Vec<f32> = w.iter().map(|&v| bf16_to_f32(bf16_bits(v))).collect();
             let (mut a, mut b) = (vec![0f32; m * n], vec![0f32; m * n]);
-            PackedMatrix::pack_bf16(&w, n, k).matmul_with(isa, &x, m, &mut a);
-            PackedMatrix::pack(&widened, n, k).matmul_with(isa, &x, m, &mut b);
-            assert_eq!(a, b, "{isa:?} {m}x{n}x{k}");
+            PackedMatrix::pack_bf16(&w, n, k).matmul_with(width, &x, m, &mut a);
+            PackedMatrix::pack(&widened, n, k).matmul_with(width, &x, m, &mut b);
+            assert_eq!(a, b, "{width:?} {m}x{n}x{k}");
             assert_eq!(
                 PackedMatrix::pack_bf16(&w, n, k).bytes() * 2,
                 PackedMatrix::pack(&w, n, k).bytes()
@@ -590,21 +590,14 @@ mod tests {
         assert_eq!(bf16_to_f32(bf16_bits(f32::INFINITY)), f32::INFINITY);
     }
 
-    /// Every path this CPU can run, the portable one first.
+    /// Every path this CPU can run, the portable one first: each width from the portable one
+    /// up to the widest the CPU has ([`Width::detect`]; widths order widest first).
     fn available() -> Vec<Width> {
-        let mut isas = vec![Width::Portable];
-        #[cfg(target_arch = "x86_64")]
-        {
-            if std::arch::is_x86_feature_detected!("avx2")
-                && std::arch::is_x86_feature_detected!("fma")
-            {
-                isas.push(Width::Avx2);
-            }
-            if std::arch::is_x86_feature_detected!("avx512f") {
-                isas.push(Width::Avx512);
-            }
-        }
-        isas
+        let widest = Width::detect();
+        [Width::Portable, Width::Avx2, Width::Avx512]
+            .into_iter()
+            .filter(|w| *w >= widest)
+            .collect()
     }
 
     #[test]
